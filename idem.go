@@ -1,0 +1,640 @@
+// Package idem makes side-effecting operations safe to retry.
+//
+// A client that times out and sends the same request again cannot know
+// whether the first attempt ran. It attaches an idempotency key to the
+// logical operation, and the service wraps the side effect in Do:
+//
+//	receipt, err := idem.Do(ctx, client, req.IdempotencyKey,
+//		idem.Fingerprint(req.Account, req.Amount),
+//		func(ctx context.Context) (Receipt, error) {
+//			a, _ := idem.AttemptFrom(ctx)
+//			// Forward a.Key to the bank's own idempotency; a.Number > 1
+//			// means an earlier attempt may have acted: reconcile first.
+//			return bank.Debit(ctx, req.Account, req.Amount, a.Key)
+//		})
+//
+// # How it works
+//
+// Each key is one Redis hash, <prefix>:{<key>}, changed only by Lua scripts
+// (lua/*.lua), so every step is atomic on the server:
+//
+//	absent ──claim──▶ in progress (attempt 1) ──fn ok──▶ done ──retention ends──▶ absent
+//	                      │ ──Permanent(err)──▶ failed (replayed like a result)
+//	                      │ ──error or panic──▶ released ──claim──▶ in progress (attempt n+1)
+//	                      └──lease ends (owner died), claim──▶ in progress (attempt n+1)
+//
+// Exactly one caller claims the key and runs fn; while it runs, a heartbeat
+// renews its lease. Its result is stored for the retention (WithRetention)
+// and returned to every later call with the key, without running fn.
+// Duplicates that arrive while fn runs wait for the outcome (WithWait),
+// woken by Redis pub/sub with polling as the fallback. A key reused with a
+// different fingerprint gets ErrConflict at once. If the owner dies, its
+// lease ends (WithLease) and the next caller takes over with the next
+// attempt number, a fencing token available from AttemptFrom. A stale owner
+// cannot overwrite a newer one: recording is compare-and-set on a random
+// owner token, and fails with ErrLeaseLost.
+//
+// Do fails closed: when Redis cannot be reached, or a record cannot be
+// understood, fn does not run and Do says why. When fn ran but its outcome
+// could not be stored, Do returns an error wrapping ErrNotRecorded.
+//
+// # What is not promised
+//
+// Exactly-once execution across a whole system is not promised, and cannot
+// be by a lock service alone: Redis replication is asynchronous, a failover
+// can lose a recent claim, and a paused process can act after its lease
+// ended. Use the two real defences: pass Attempt.Key to the downstream
+// system's own idempotency mechanism, and use Attempt.Number as a fencing
+// token (or a cue to reconcile) when it is greater than 1.
+//
+// # Redis
+//
+// New takes any go-redis UniversalClient: a single server, Sentinel
+// failover, or Redis Cluster, where every script touches one hash slot and
+// notifications use sharded pub/sub (Redis 7). Run Redis with
+// maxmemory-policy noeviction: every record has a TTL, so a volatile-*
+// policy may evict a live claim and let a retry run twice. New checks the
+// policy when it can and warns through WithLogger.
+package idem
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+var (
+	//go:embed lua/claim.lua
+	claimSrc string
+	//go:embed lua/complete.lua
+	completeSrc string
+	//go:embed lua/release.lua
+	releaseSrc string
+	//go:embed lua/renew.lua
+	renewSrc string
+	//go:embed lua/status.lua
+	statusSrc string
+
+	claimScript    = redis.NewScript(claimSrc)
+	completeScript = redis.NewScript(completeSrc)
+	releaseScript  = redis.NewScript(releaseSrc)
+	renewScript    = redis.NewScript(renewSrc)
+	statusScript   = redis.NewScript(statusSrc)
+)
+
+// Client runs idempotent operations on one Redis deployment. It is safe for
+// concurrent use; create one per process and share it. Close it when done.
+type Client struct {
+	rdb     redis.UniversalClient
+	cfg     config
+	publish string // "PUBLISH", "SPUBLISH", or "" in tests that lose notifications
+	hub     *hub
+	flights flights
+
+	closed atomic.Bool
+	wg     sync.WaitGroup // the background check started by New
+	stop   context.CancelFunc
+}
+
+// New returns a Client that stores its records in rdb, which may be a
+// *redis.Client, a Sentinel failover client or a *redis.ClusterClient. The
+// Client does not own rdb: Close does not close it.
+//
+// New starts a check of the server's maxmemory-policy in the background; a
+// policy other than noeviction is reported through the logger (WithLogger).
+// New panics if an option is invalid, as that is a programming error.
+func New(rdb redis.UniversalClient, opts ...Option) *Client {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		panic(err)
+	}
+	c := &Client{rdb: rdb, cfg: cfg, publish: "PUBLISH"}
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		c.publish = "SPUBLISH"
+	}
+	c.hub = newHub(rdb)
+	if rdb != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c.stop = cancel
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.checkEvictionPolicy(ctx)
+		}()
+	}
+	return c
+}
+
+// Close stops what New started: the background check and the subscriber
+// connection that wakes waiters. Calls waiting for another owner return
+// ErrClosed; later calls to Do return ErrClosed. Close does not close the
+// Redis client given to New. It is safe to call more than once.
+func (c *Client) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	if c.stop != nil {
+		c.stop()
+	}
+	err := c.hub.close()
+	c.wg.Wait()
+	return err
+}
+
+func (c *Client) checkEvictionPolicy(ctx context.Context) {
+	m, err := c.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		c.cfg.logger.Warn("idem: cannot check Redis maxmemory-policy; make sure it is noeviction, or live claims may be evicted",
+			"error", err)
+		return
+	}
+	if p, ok := m["maxmemory-policy"]; ok && p != "noeviction" {
+		c.cfg.logger.Warn("idem: Redis maxmemory-policy is not noeviction: records have TTLs, so Redis may evict live claims and let a retry run twice",
+			"maxmemory-policy", p)
+	}
+}
+
+// Attempt describes the attempt that runs fn. Get it inside fn with
+// AttemptFrom.
+type Attempt struct {
+	// Key is the idempotency key, to forward to a downstream system's own
+	// idempotency mechanism.
+	Key string
+	// Number is 1 for the first attempt and grows by one at every takeover
+	// (after an error, a panic, or an owner whose lease ended); it is never
+	// reused for a key while its record is retained. Above 1, an earlier
+	// attempt may have acted: reconcile before acting again. It also serves
+	// as a fencing token.
+	Number int64
+}
+
+type attemptKey struct{}
+
+// AttemptFrom returns the Attempt that ctx belongs to. It reports false
+// outside the fn of a Do call.
+func AttemptFrom(ctx context.Context) (Attempt, bool) {
+	a, ok := ctx.Value(attemptKey{}).(Attempt)
+	return a, ok
+}
+
+// Do runs fn at most once per key while the key's record is retained, and
+// returns its result: the first call claims the key and runs fn; later
+// calls return the stored result without running fn. The fingerprint
+// identifies the operation's parameters (see Fingerprint); a key reused
+// with a different non-empty fingerprint gets ErrConflict. An empty
+// fingerprint is not checked.
+//
+// While another caller runs fn for the key, Do waits for its outcome (see
+// WithWait) and returns ErrInProgress if it does not arrive in time. When
+// fn returns an error, the key is released and the error returned; the next
+// call runs fn again with a higher Attempt.Number, unless the error was
+// marked Permanent: then it is stored and replayed as a *StoredError. When
+// fn panics, the key is released and the panic continues in the caller.
+//
+// fn's context carries the Attempt and is cancelled, with cause
+// ErrLeaseLost, if the lease is lost while fn runs. The outcome is recorded
+// with a context detached from ctx, so a caller that gives up does not
+// leave a finished operation unrecorded.
+//
+// If fn ran but the outcome could not be stored, Do returns fn's result
+// together with an error wrapping ErrNotRecorded (or ErrLeaseLost, when a
+// newer owner took over).
+func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
+	if fn == nil {
+		return nil, errors.New("idem: Do called with a nil fn")
+	}
+	if err := c.checkCall(ctx, key); err != nil {
+		return nil, err
+	}
+	return c.flights.do(ctx, c, key, digest(fingerprint), fn)
+}
+
+// Do is the typed form of Client.Do: the result of fn is stored encoded
+// with msgpack and decoded for every replay. The owner gets fn's value as
+// it returned it; replays get the decoded copy.
+func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
+	if fn == nil {
+		return zero, errors.New("idem: Do called with a nil fn")
+	}
+	var (
+		own   T
+		owned bool
+	)
+	b, err := c.Do(ctx, key, fingerprint, func(ctx context.Context) ([]byte, error) {
+		v, err := fn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		own, owned = v, true
+		b, err := msgpack.Marshal(v)
+		if err != nil {
+			// fn has acted: record the failure rather than run it again.
+			return nil, Permanent(fmt.Errorf("idem: encode result of %T: %w", v, err))
+		}
+		return b, nil
+	})
+	if owned {
+		return own, err
+	}
+	if err != nil {
+		return zero, err
+	}
+	var v T
+	if err := msgpack.Unmarshal(b, &v); err != nil {
+		return zero, fmt.Errorf("%w: key %q: decode stored result into %T: %v", ErrCorrupt, key, v, err)
+	}
+	return v, nil
+}
+
+func (c *Client) checkCall(ctx context.Context, key string) error {
+	switch {
+	case c == nil || c.rdb == nil:
+		return errors.New("idem: Client has no Redis client (use idem.New with a non-nil client)")
+	case c.closed.Load():
+		return ErrClosed
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalidKey)
+	case len(key) > c.cfg.maxKeyLen:
+		return fmt.Errorf("%w: key of %d bytes is longer than the limit of %d", ErrInvalidKey, len(key), c.cfg.maxKeyLen)
+	}
+	return ctx.Err()
+}
+
+// digest stores parameters as a digest only: whatever the caller passes as
+// a fingerprint, raw request data never reaches Redis.
+func digest(fingerprint string) string {
+	if fingerprint == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(fingerprint))
+	return string(sum[:16])
+}
+
+// recordKey maps a key to <prefix>:{<escaped key>}. The escaping ('\' to
+// "\\", '}' to "\c") keeps the hash tag non-empty and exactly the key, so
+// the record and its channel (recordKey + ":done") always share a slot,
+// whatever bytes the key holds.
+func (c *Client) recordKey(key string) string {
+	var b strings.Builder
+	b.Grow(len(c.cfg.prefix) + len(key) + 4)
+	b.WriteString(c.cfg.prefix)
+	b.WriteString(":{")
+	if strings.ContainsAny(key, `\}`) {
+		for i := 0; i < len(key); i++ {
+			switch key[i] {
+			case '\\':
+				b.WriteString(`\\`)
+			case '}':
+				b.WriteString(`\c`)
+			default:
+				b.WriteByte(key[i])
+			}
+		}
+	} else {
+		b.WriteString(key)
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func channelOf(recordKey string) string { return recordKey + ":done" }
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand documents it)
+	return string(b[:])
+}
+
+// claimReply is a decoded reply of lua/claim.lua.
+type claimReply struct {
+	kind      byte          // 'c' claimed, 'd' done, 'f' failed, 'b' busy, 'x' conflict, 'v' bad record
+	n         int64         // attempt number ('c', 'b')
+	leaseLeft time.Duration // ('c', 'b')
+	payload   string        // result ('d'), message ('f'), reason ('v')
+}
+
+func (c *Client) claim(ctx context.Context, rk, fp, token string) (claimReply, error) {
+	v, err := claimScript.Run(ctx, c.rdb, []string{rk}, fp, token,
+		c.cfg.lease.Milliseconds(), c.cfg.retention.Milliseconds()).Slice()
+	if err != nil {
+		return claimReply{}, err
+	}
+	return parseClaim(v)
+}
+
+func parseClaim(v []any) (claimReply, error) {
+	bad := func() (claimReply, error) {
+		return claimReply{}, fmt.Errorf("%w: unexpected claim reply %q", ErrCorrupt, v)
+	}
+	if len(v) == 0 {
+		return bad()
+	}
+	kind, _ := v[0].(string)
+	if len(kind) != 1 {
+		return bad()
+	}
+	r := claimReply{kind: kind[0]}
+	switch r.kind {
+	case 'c', 'b':
+		if len(v) != 3 {
+			return bad()
+		}
+		a, ok1 := v[1].(int64)
+		b, ok2 := v[2].(int64)
+		if !ok1 || !ok2 {
+			return bad()
+		}
+		if r.kind == 'c' {
+			r.n, r.leaseLeft = a, time.Duration(b)*time.Millisecond
+		} else {
+			r.leaseLeft, r.n = time.Duration(a)*time.Millisecond, b
+		}
+	case 'd', 'f', 'v':
+		if len(v) != 2 {
+			return bad()
+		}
+		s, ok := v[1].(string)
+		if !ok {
+			return bad()
+		}
+		r.payload = s
+	case 'x':
+	default:
+		return bad()
+	}
+	return r, nil
+}
+
+// detached returns a context for work that must finish after the caller
+// gave up: recording an outcome, releasing a claim.
+func (c *Client) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), c.cfg.storeTimeout)
+}
+
+// release gives the claim up if it is still ours, so the next caller can
+// take over at once instead of after the lease.
+func (c *Client) release(ctx context.Context, rk, token string) {
+	dctx, cancel := c.detached(ctx)
+	defer cancel()
+	err := releaseScript.Run(dctx, c.rdb, []string{rk, channelOf(rk)}, token, c.publish).Err()
+	if err != nil {
+		c.cfg.logger.Warn("idem: could not release a claim; the key stays claimed until the lease ends",
+			"record", rk, "error", err)
+	}
+}
+
+// complete records an outcome with compare-and-set on the owner token,
+// retrying with a detached context until the store timeout. It never
+// releases: fn has acted.
+func (c *Client) complete(ctx context.Context, rk, token string, state byte, payload []byte) error {
+	dctx, cancel := c.detached(ctx)
+	defer cancel()
+	keys := []string{rk, channelOf(rk)}
+	st := string(state)
+	var lastErr error
+	for try, pause := 0, 20*time.Millisecond; ; try++ {
+		n, err := completeScript.Run(dctx, c.rdb, keys, token, st, payload,
+			c.cfg.retention.Milliseconds(), c.publish).Int64()
+		switch {
+		case err == nil && n == 1:
+			return nil
+		case err == nil:
+			return ErrLeaseLost
+		}
+		lastErr = err
+		t := time.NewTimer(pause)
+		select {
+		case <-dctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: after %d tries: %w", ErrNotRecorded, try+1, lastErr)
+		case <-t.C:
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// own runs fn as the owner of attempt n and records its outcome. retry
+// tells in-process followers (see flights) that this outcome is not theirs
+// to share: they should try the key themselves.
+func (c *Client) own(ctx context.Context, key, rk, token string, n int64, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, attemptKey{}, Attempt{Key: key, Number: n}))
+	defer cancel(nil)
+	stopRenew := c.renewWhile(fctx, rk, token, cancel)
+
+	var panicked bool
+	var pv any
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				panicked, pv = true, p
+			}
+		}()
+		res, err = fn(fctx)
+	}()
+	stopRenew()
+
+	if panicked {
+		c.release(ctx, rk, token)
+		panic(pv)
+	}
+	if err != nil && !errors.As(err, new(*permanentError)) {
+		c.release(ctx, rk, token)
+		return nil, err, true
+	}
+	state, payload := byte('d'), res
+	if err != nil {
+		state, payload = 'f', []byte(err.Error())
+	} else if len(res) > c.cfg.maxResultSize {
+		err = tooLarge(len(res), c.cfg.maxResultSize)
+		state, payload, res = 'f', []byte(err.Error()), nil
+	}
+	if serr := c.complete(ctx, rk, token, state, payload); serr != nil {
+		if err != nil {
+			return res, errors.Join(serr, err), true
+		}
+		return res, serr, true
+	}
+	return res, err, false
+}
+
+// renewWhile renews the lease every third of it until the returned stop is
+// called, which waits for the renewer to end. If the lease is lost, or
+// cannot be renewed before it ends, fn's context is cancelled with a cause
+// wrapping ErrLeaseLost.
+func (c *Client) renewWhile(ctx context.Context, rk, token string, cancel context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		every := c.cfg.lease / 3
+		t := time.NewTicker(every)
+		defer t.Stop()
+		lastOK := time.Now()
+		bg := context.WithoutCancel(ctx)
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			start := time.Now()
+			rctx, rcancel := context.WithTimeout(bg, every)
+			n, err := renewScript.Run(rctx, c.rdb, []string{rk}, token,
+				c.cfg.lease.Milliseconds(), c.cfg.retention.Milliseconds()).Int64()
+			rcancel()
+			switch {
+			case err == nil && n == 1:
+				lastOK = start
+			case err == nil:
+				cancel(fmt.Errorf("%w: another caller took over the key", ErrLeaseLost))
+				return
+			default:
+				c.cfg.logger.Warn("idem: lease renewal failed", "record", rk, "error", err)
+				if time.Since(lastOK) >= c.cfg.lease {
+					cancel(fmt.Errorf("%w: the lease could not be renewed: %w", ErrLeaseLost, err))
+					return
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+// State is the state of a key's record.
+type State int
+
+// The states of a record.
+const (
+	// StateAbsent: no record; the next Do runs fn as attempt 1.
+	StateAbsent State = iota
+	// StateInProgress: an attempt holds or held the lease.
+	StateInProgress
+	// StateDone: a result is stored and replayed.
+	StateDone
+	// StateFailed: a permanent error is stored and replayed.
+	StateFailed
+	// StateReleased: the last attempt failed transiently; the next Do runs
+	// fn again with the next attempt number.
+	StateReleased
+)
+
+// String returns the state's name.
+func (s State) String() string {
+	switch s {
+	case StateAbsent:
+		return "absent"
+	case StateInProgress:
+		return "in progress"
+	case StateDone:
+		return "done"
+	case StateFailed:
+		return "failed"
+	case StateReleased:
+		return "released"
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Status describes a key's record, with times from the Redis server's clock.
+type Status struct {
+	// State is the record's state.
+	State State
+	// Attempt is the latest attempt number (0 when absent).
+	Attempt int64
+	// LeaseEnds is when the latest attempt's lease ends or ended (zero when
+	// absent). It matters while State is StateInProgress: after it, the next
+	// caller takes over.
+	LeaseEnds time.Time
+	// Expires is when the record will be deleted (zero when absent).
+	Expires time.Time
+}
+
+// Status reports the state of key's record without changing it.
+func (c *Client) Status(ctx context.Context, key string) (Status, error) {
+	if err := c.checkCall(ctx, key); err != nil {
+		return Status{}, err
+	}
+	v, err := statusScript.Run(ctx, c.rdb, []string{c.recordKey(key)}).Slice()
+	if err != nil {
+		return Status{}, fmt.Errorf("idem: status of key %q: %w", key, err)
+	}
+	return parseStatus(key, v)
+}
+
+func parseStatus(key string, v []any) (Status, error) {
+	bad := func(why string) (Status, error) {
+		return Status{}, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, why)
+	}
+	if len(v) != 6 {
+		return bad("unexpected status reply")
+	}
+	now, _ := v[0].(int64)
+	pttl, _ := v[1].(int64)
+	if v[2] == nil && v[3] == nil {
+		if pttl == -2 {
+			return Status{}, nil
+		}
+		return bad("record has no version field")
+	}
+	if ver, _ := v[2].(string); ver != "1" {
+		return bad(fmt.Sprintf("unknown record version %q", ver))
+	}
+	var s Status
+	switch st, _ := v[3].(string); st {
+	case "p":
+		s.State = StateInProgress
+	case "d":
+		s.State = StateDone
+	case "f":
+		s.State = StateFailed
+	case "r":
+		s.State = StateReleased
+	default:
+		return bad(fmt.Sprintf("unknown state %q", st))
+	}
+	ns, _ := v[4].(string)
+	lus, _ := v[5].(string)
+	n, err1 := strconv.ParseInt(ns, 10, 64)
+	lu, err2 := strconv.ParseInt(lus, 10, 64)
+	if err1 != nil || err2 != nil {
+		return bad("malformed attempt or lease field")
+	}
+	s.Attempt = n
+	s.LeaseEnds = time.UnixMilli(lu)
+	if pttl >= 0 {
+		s.Expires = time.UnixMilli(now + pttl)
+	}
+	return s, nil
+}
+
+// Forget deletes key's record, whatever its state: the next Do runs fn as
+// attempt 1. It is an operator's escape hatch (a stuck or wrong record);
+// forgetting a key whose operation ran lets a retry run it again. Waiters
+// of a forgotten in-progress key see ErrExpired.
+func (c *Client) Forget(ctx context.Context, key string) error {
+	if err := c.checkCall(ctx, key); err != nil {
+		return err
+	}
+	if err := c.rdb.Del(ctx, c.recordKey(key)).Err(); err != nil {
+		return fmt.Errorf("idem: forget key %q: %w", key, err)
+	}
+	return nil
+}

@@ -1,0 +1,71 @@
+-- claim.lua: claim an idempotency key for one caller, or report its state.
+--
+-- KEYS[1]  the record hash, <prefix>:{<key>}
+-- ARGV[1]  fingerprint digest of the parameters ("" = not checked)
+-- ARGV[2]  owner token, random per Do call
+-- ARGV[3]  lease in milliseconds
+-- ARGV[4]  retention in milliseconds (the record's TTL)
+--
+-- Returns one of:
+--   {"c", n, leaseLeftMs}  claimed: the caller owns attempt n. A repeat with
+--                          the same token (go-redis re-sends a script whose
+--                          reply was lost) answers the same.
+--   {"d", result}          done: the stored result.
+--   {"f", message}         failed: the stored permanent error.
+--   {"b", leaseLeftMs, n}  busy: another caller holds a live lease on attempt n.
+--   {"x"}                  conflict: the stored fingerprint differs.
+--   {"v", reason}          the record is not one this version understands.
+--
+-- Time is the server's (TIME), never the client's. Nothing is written
+-- unless the caller claims, and then in one HSET plus one PEXPIRE.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[3])
+
+local r = redis.call('HMGET', KEYS[1], 'v', 'st', 'fp', 'own', 'n', 'lu')
+local v, st, fp, own, n, lu = r[1], r[2], r[3], r[4], r[5], r[6]
+
+if not v then
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    return {'v', 'record has no version field'}
+  end
+  redis.call('HSET', KEYS[1], 'v', '1', 'st', 'p', 'fp', ARGV[1],
+    'own', ARGV[2], 'n', '1', 'lu', tostring(now + lease))
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {'c', 1, lease}
+end
+if v ~= '1' then
+  return {'v', 'unknown record version ' .. v}
+end
+n = tonumber(n)
+lu = tonumber(lu)
+if not n or not lu or not fp or (st ~= 'p' and st ~= 'd' and st ~= 'f' and st ~= 'r') then
+  return {'v', 'malformed record'}
+end
+
+if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then
+  return {'x'}
+end
+if st == 'd' then
+  return {'d', redis.call('HGET', KEYS[1], 'res') or ''}
+end
+if st == 'f' then
+  return {'f', redis.call('HGET', KEYS[1], 'err') or ''}
+end
+if st == 'p' then
+  if own == ARGV[2] then
+    return {'c', n, math.max(lu - now, 0)}
+  end
+  if lu > now then
+    return {'b', lu - now, n}
+  end
+end
+
+-- Released, or a lease that ended without completion: take over with the
+-- next attempt number, the fencing token.
+n = n + 1
+if fp == '' then fp = ARGV[1] end
+redis.call('HSET', KEYS[1], 'st', 'p', 'fp', fp, 'own', ARGV[2],
+  'n', tostring(n), 'lu', tostring(now + lease))
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return {'c', n, lease}

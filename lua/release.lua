@@ -1,0 +1,21 @@
+-- release.lua: give up a claim after a transient failure (an error, a panic,
+-- an unknown claim outcome), only if the caller still owns it, and wake the
+-- waiters so one of them takes over. The attempt number is kept, so the next
+-- owner sees a higher one.
+--
+-- KEYS[1]  the record hash, <prefix>:{<key>}
+-- KEYS[2]  its notification channel, <prefix>:{<key>}:done (same slot)
+-- ARGV[1]  owner token
+-- ARGV[2]  the publish command, "PUBLISH" or "SPUBLISH"; "" publishes nothing
+--
+-- Returns 1 when released, 0 when the caller did not own an in-progress
+-- record (nothing is changed then).
+local r = redis.call('HMGET', KEYS[1], 'own', 'st')
+if r[1] ~= ARGV[1] or r[2] ~= 'p' then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'st', 'r')
+if ARGV[2] ~= '' then
+  redis.call(ARGV[2], KEYS[2], 'r')
+end
+return 1

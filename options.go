@@ -1,0 +1,183 @@
+package idem
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// An Option configures a Client. Pass options to New.
+type Option func(*config)
+
+type config struct {
+	prefix        string
+	retention     time.Duration
+	lease         time.Duration
+	wait          time.Duration
+	pollInterval  time.Duration
+	storeTimeout  time.Duration
+	maxKeyLen     int
+	maxResultSize int
+	logger        *slog.Logger
+	problems      []string
+}
+
+func defaultConfig() config {
+	return config{
+		prefix:        "idem",
+		retention:     24 * time.Hour,
+		lease:         30 * time.Second,
+		wait:          10 * time.Second,
+		pollInterval:  500 * time.Millisecond,
+		storeTimeout:  10 * time.Second,
+		maxKeyLen:     512,
+		maxResultSize: 1 << 20,
+		logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+func (c *config) problem(format string, args ...any) {
+	c.problems = append(c.problems, fmt.Sprintf(format, args...))
+}
+
+// validate checks the options together; New panics on what it returns.
+func (c *config) validate() error {
+	if c.lease > c.retention {
+		c.problem("WithLease(%v) is longer than WithRetention(%v): a record would expire under a live lease", c.lease, c.retention)
+	}
+	if len(c.problems) > 0 {
+		return fmt.Errorf("idem: invalid options: %s", strings.Join(c.problems, "; "))
+	}
+	return nil
+}
+
+// WithPrefix sets the prefix of every Redis key the Client uses: records are
+// stored at <prefix>:{<key>}. It must be non-empty and must not contain '{'
+// or '}' (the braces are the Redis Cluster hash tag).
+// The default is "idem".
+func WithPrefix(prefix string) Option {
+	return func(c *config) {
+		if prefix == "" || strings.ContainsAny(prefix, "{}") {
+			c.problem("WithPrefix(%q): must be non-empty and without '{' or '}'", prefix)
+			return
+		}
+		c.prefix = prefix
+	}
+}
+
+// WithRetention sets how long a finished record is kept: during the
+// retention, every call with the key replays the stored outcome; after it,
+// the key is new again and fn runs again. It must be at least the lease and
+// a whole number of milliseconds, at least one. Choose it longer than the
+// latest retry your clients can send (cmd/ttlbench helps).
+// The default is 24 hours.
+func WithRetention(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Millisecond {
+			c.problem("WithRetention(%v): must be at least 1ms", d)
+			return
+		}
+		c.retention = d
+	}
+}
+
+// WithLease sets how long a claim holds the key without a heartbeat. While
+// fn runs, the lease is renewed every third of it; if the owner dies, the
+// key is taken over by the next caller once the lease has ended. Shorter
+// leases recover faster from crashes; longer ones tolerate longer pauses
+// (GC, network) of a live owner. It must be at least 10ms.
+// The default is 30 seconds.
+func WithLease(d time.Duration) Option {
+	return func(c *config) {
+		if d < 10*time.Millisecond {
+			c.problem("WithLease(%v): must be at least 10ms", d)
+			return
+		}
+		c.lease = d
+	}
+}
+
+// WithWait sets how long a duplicate call waits for the owner's outcome
+// before it returns ErrInProgress. Zero means do not wait. The caller's
+// context bounds the wait too.
+// The default is 10 seconds.
+func WithWait(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.problem("WithWait(%v): must not be negative", d)
+			return
+		}
+		c.wait = d
+	}
+}
+
+// WithPollInterval sets the longest pause between two checks of a waiting
+// duplicate. Waiters are woken by Redis pub/sub; polling, with jittered
+// backoff up to this interval and never past the owner's lease, is the
+// fallback for lost notifications. It must be at least 1ms.
+// The default is 500 milliseconds.
+func WithPollInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Millisecond {
+			c.problem("WithPollInterval(%v): must be at least 1ms", d)
+			return
+		}
+		c.pollInterval = d
+	}
+}
+
+// WithStoreTimeout sets how long Do keeps trying to record fn's outcome
+// (and to release a failed claim) after fn returned, independent of the
+// caller's context, which may have ended. It must be positive.
+// The default is 10 seconds.
+func WithStoreTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.problem("WithStoreTimeout(%v): must be positive", d)
+			return
+		}
+		c.storeTimeout = d
+	}
+}
+
+// WithMaxKeyLen sets the longest key, in bytes, that Do accepts; longer keys
+// get ErrInvalidKey. It must be between 1 and 65536.
+// The default is 512.
+func WithMaxKeyLen(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > 1<<16 {
+			c.problem("WithMaxKeyLen(%d): must be between 1 and 65536", n)
+			return
+		}
+		c.maxKeyLen = n
+	}
+}
+
+// WithMaxResultSize sets the largest result, in bytes (after msgpack
+// encoding for the generic Do), that is stored. A larger result finishes the
+// key as a permanent failure wrapping ErrTooLarge: fn has run, so it is
+// never run again for the key. It must be positive.
+// The default is 1 MiB.
+func WithMaxResultSize(n int) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.problem("WithMaxResultSize(%d): must be positive", n)
+			return
+		}
+		c.maxResultSize = n
+	}
+}
+
+// WithLogger sets the logger for what the Client notices on its own: a Redis
+// eviction policy that can drop live claims, failures to renew a lease or
+// to release a claim. A nil logger discards.
+// The default discards everything.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	}
+}

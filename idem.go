@@ -102,9 +102,10 @@ type Client struct {
 	hub     *hub
 	flights flights
 
+	firstPoll time.Duration // a waiter's first pause; tests raise it to rely on pub/sub alone
+
 	closed atomic.Bool
 	wg     sync.WaitGroup // the background check started by New
-	stop   context.CancelFunc
 }
 
 // New returns a Client that stores its records in rdb, which may be a
@@ -122,33 +123,30 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if err := cfg.validate(); err != nil {
 		panic(err)
 	}
-	c := &Client{rdb: rdb, cfg: cfg, publish: "PUBLISH"}
+	c := &Client{rdb: rdb, cfg: cfg, publish: "PUBLISH", firstPoll: defaultFirstPoll}
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"
 	}
 	c.hub = newHub(rdb)
 	if rdb != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		c.stop = cancel
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
 			c.checkEvictionPolicy(ctx)
 		}()
 	}
 	return c
 }
 
-// Close stops what New started: the background check and the subscriber
-// connection that wakes waiters. Calls waiting for another owner return
+// Close stops what New started: it waits for the background check (at most
+// five seconds) and closes the subscriber connection that wakes waiters. Calls waiting for another owner return
 // ErrClosed; later calls to Do return ErrClosed. Close does not close the
 // Redis client given to New. It is safe to call more than once.
 func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
-	}
-	if c.stop != nil {
-		c.stop()
 	}
 	err := c.hub.close()
 	c.wg.Wait()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
@@ -12,7 +13,7 @@ import (
 )
 
 // The first pause of a waiter's polling; it doubles up to WithPollInterval.
-const firstPoll = 25 * time.Millisecond
+const defaultFirstPoll = 25 * time.Millisecond
 
 // run is one caller's way through the key: claim, and while another owner
 // holds the key, wait and claim again, until it gets an outcome, becomes the
@@ -26,7 +27,7 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 		w        *watcher
 		deadline time.Time
 		seen     int64 // the attempt number last seen in progress
-		pause    = firstPoll
+		pause    = c.firstPoll
 		timer    *time.Timer
 	)
 	defer func() {
@@ -40,7 +41,7 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 	for {
 		r, err := c.claim(ctx, rk, fp, token)
 		if err != nil {
-			if !isServerReply(err) {
+			if mayHaveRun(err) {
 				// The claim may have happened with its reply lost: give it
 				// back if it is ours. fn does not run.
 				c.release(ctx, rk, token)
@@ -102,12 +103,20 @@ func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// isServerReply reports whether err is Redis's answer (the script did not
-// claim), as opposed to a lost reply, a timeout or a cancellation, after
-// which the claim may have happened.
-func isServerReply(err error) bool {
+// mayHaveRun reports whether a failed script call may still have run on the
+// server: its reply was lost, it timed out, or it was cancelled after it was
+// sent. It did not run when Redis answered with an error, or when no
+// connection could be made.
+func mayHaveRun(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
 	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	if errors.As(err, &re) {
+		return false
+	}
+	var oe *net.OpError
+	return !errors.As(err, &oe) || oe.Op != "dial"
 }
 
 // flights lets concurrent calls in one process with the same key and

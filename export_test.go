@@ -1,0 +1,38 @@
+package idem
+
+import "time"
+
+// Test-only access to internals, for the tests in package idem_test.
+
+// SetBeforeSubscribe installs a hook that runs between a waiter's claim and
+// its subscribe, where a missed notification would hide.
+func SetBeforeSubscribe(c *Client, hook func(channel string)) { c.hub.beforeSubscribe = hook }
+
+// LosePublishes makes c's scripts publish nothing, as if every notification
+// were lost; waiters then rely on polling.
+func LosePublishes(c *Client) { c.publish = "" }
+
+// PollOnly makes c neither publish nor subscribe: waiting is polling only.
+func PollOnly(c *Client) {
+	c.publish = ""
+	c.hub.mu.Lock()
+	c.hub.disabled = true
+	c.hub.mu.Unlock()
+}
+
+// RecordKey is the Redis key of key's record.
+func RecordKey(c *Client, key string) string { return c.recordKey(key) }
+
+// ChannelKey is the notification channel of key's record.
+func ChannelKey(c *Client, key string) string { return channelOf(c.recordKey(key)) }
+
+// Subscribed is the number of channels c's hub is subscribed to.
+func Subscribed(c *Client) int {
+	c.hub.mu.Lock()
+	defer c.hub.mu.Unlock()
+	return len(c.hub.chans)
+}
+
+// NoPolling makes c's waiters rely on pub/sub alone (and the owner's lease
+// end): their first poll is an hour away.
+func NoPolling(c *Client) { c.firstPoll = time.Hour }

@@ -1,0 +1,770 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	// go-redis logs every failed dial; the fault tests cause many.
+	redis.SetLogger(quietLogger{})
+	goleak.VerifyTestMain(m)
+}
+
+func TestReplayRunsFnOnce(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t)
+		var l ledger
+		ctx := context.Background()
+		for i := range 5 {
+			got, err := c.Do(ctx, "order-1", "fp", l.fn("receipt"))
+			if err != nil {
+				t.Fatalf("call %d: %v", i, err)
+			}
+			if string(got) != "receipt#1" {
+				t.Fatalf("call %d: got %q, want %q", i, got, "receipt#1")
+			}
+		}
+		if got := l.count("order-1"); got != 1 {
+			t.Fatalf("fn ran %d times, want 1", got)
+		}
+		// Another Client (another service instance) replays it too.
+		got, err := b.idem(t).Do(ctx, "order-1", "fp", l.fn("other"))
+		if err != nil || string(got) != "receipt#1" {
+			t.Fatalf("second client: got %q, %v; want %q", got, err, "receipt#1")
+		}
+		if got := l.count("order-1"); got != 1 {
+			t.Fatalf("fn ran %d times, want 1", got)
+		}
+	})
+}
+
+func TestConflict(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithWait(time.Minute))
+		ctx := context.Background()
+		var l ledger
+		started, release := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Do(ctx, "k", idem.Fingerprint("A", 100), func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				close(started)
+				<-release
+				return []byte("ok"), nil
+			})
+			done <- err
+		}()
+		<-started
+
+		// While the first call runs: a conflict at once, although the
+		// waiter would wait a minute for a matching duplicate.
+		t0 := time.Now()
+		_, err := c.Do(ctx, "k", idem.Fingerprint("A", 200), l.fn("x"))
+		if !errors.Is(err, idem.ErrConflict) {
+			t.Fatalf("while running: got %v, want ErrConflict", err)
+		}
+		if d := time.Since(t0); d > 5*time.Second {
+			t.Fatalf("conflict took %v: it waited", d)
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+
+		// After completion, from another client too.
+		_, err = b.idem(t).Do(ctx, "k", idem.Fingerprint("A", 200), l.fn("x"))
+		if !errors.Is(err, idem.ErrConflict) {
+			t.Fatalf("after done: got %v, want ErrConflict", err)
+		}
+		if n := l.count("k"); n != 1 {
+			t.Fatalf("fn ran %d times, want 1", n)
+		}
+		// An empty fingerprint is not checked.
+		got, err := c.Do(ctx, "k", "", l.fn("x"))
+		if err != nil || string(got) != "ok" {
+			t.Fatalf("empty fingerprint: got %q, %v", got, err)
+		}
+	})
+}
+
+func TestConcurrentCallersRunFnOnce(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const callers = 32
+		clients := []*idem.Client{b.idem(t), b.idem(t)}
+		var l ledger
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		results := make([]string, callers)
+		errs := make([]error, callers)
+		for i := range callers {
+			wg.Go(func() {
+				<-start
+				res, err := clients[i%2].Do(context.Background(), "hot", "fp", func(ctx context.Context) ([]byte, error) {
+					l.add(ctx)
+					time.Sleep(20 * time.Millisecond)
+					return []byte("the-result"), nil
+				})
+				results[i], errs[i] = string(res), err
+			})
+		}
+		close(start)
+		wg.Wait()
+		if n := l.count("hot"); n != 1 {
+			t.Fatalf("fn ran %d times, want 1", n)
+		}
+		for i := range callers {
+			if errs[i] != nil || results[i] != "the-result" {
+				t.Errorf("caller %d: got %q, %v; want the result", i, results[i], errs[i])
+			}
+		}
+	})
+}
+
+func TestTransientErrorReleases(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t)
+		ctx := context.Background()
+		var l ledger
+		boom := errors.New("bank timed out")
+		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			l.add(ctx)
+			return nil, boom
+		})
+		if !errors.Is(err, boom) {
+			t.Fatalf("got %v, want the fn's error", err)
+		}
+		st, err := c.Status(ctx, "k")
+		if err != nil || st.State != idem.StateReleased || st.Attempt != 1 {
+			t.Fatalf("status after error: %+v, %v; want released attempt 1", st, err)
+		}
+		got, err := c.Do(ctx, "k", "fp", l.fn("ok"))
+		if err != nil || string(got) != "ok#2" {
+			t.Fatalf("retry: got %q, %v; want ok#2", got, err)
+		}
+		if got := fmt.Sprint(l.runs("k")); got != "[1 2]" {
+			t.Fatalf("attempts that ran: %s, want [1 2]", got)
+		}
+	})
+}
+
+func TestPermanentErrorReplayed(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t)
+		ctx := context.Background()
+		var l ledger
+		declined := errors.New("card declined")
+		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			l.add(ctx)
+			return nil, idem.Permanent(declined)
+		})
+		if !errors.Is(err, declined) || !idem.IsPermanent(err) {
+			t.Fatalf("owner: got %v, want the permanent error", err)
+		}
+		for range 2 {
+			_, err = c.Do(ctx, "k", "fp", l.fn("never"))
+			var se *idem.StoredError
+			if !errors.As(err, &se) || se.Message != "card declined" || !idem.IsPermanent(err) {
+				t.Fatalf("replay: got %v (%T), want *StoredError %q", err, err, "card declined")
+			}
+		}
+		if n := l.count("k"); n != 1 {
+			t.Fatalf("fn ran %d times, want 1", n)
+		}
+		if st, _ := c.Status(ctx, "k"); st.State != idem.StateFailed {
+			t.Fatalf("state %v, want failed", st.State)
+		}
+	})
+}
+
+func TestPanicReleasesAndRepanics(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t)
+		ctx := context.Background()
+		var l ledger
+		func() {
+			defer func() {
+				if p := recover(); p != "kaboom" {
+					t.Fatalf("recovered %v, want the fn's panic", p)
+				}
+			}()
+			_, _ = c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				panic("kaboom")
+			})
+			t.Fatal("Do returned after fn panicked")
+		}()
+		got, err := c.Do(ctx, "k", "fp", l.fn("ok"))
+		if err != nil || string(got) != "ok#2" {
+			t.Fatalf("after panic: got %q, %v; want ok#2 at once", got, err)
+		}
+	})
+}
+
+func TestRetentionEnds(t *testing.T) {
+	b := newMiniredis(t)
+	c := b.idem(t, idem.WithRetention(time.Hour), idem.WithLease(time.Minute))
+	ctx := context.Background()
+	var l ledger
+	if _, err := c.Do(ctx, "k", "fp", l.fn("a")); err != nil {
+		t.Fatal(err)
+	}
+	b.advance(t, 59*time.Minute)
+	if got, err := c.Do(ctx, "k", "fp", l.fn("b")); err != nil || string(got) != "a#1" {
+		t.Fatalf("within retention: got %q, %v; want a#1", got, err)
+	}
+	b.advance(t, 2*time.Minute)
+	if st, _ := c.Status(ctx, "k"); st.State != idem.StateAbsent {
+		t.Fatalf("after retention: state %v, want absent", st.State)
+	}
+	if got, err := c.Do(ctx, "k", "fp", l.fn("b")); err != nil || string(got) != "b#1" {
+		t.Fatalf("after retention: got %q, %v; want b#1 (a new operation)", got, err)
+	}
+	if n := l.count("k"); n != 2 {
+		t.Fatalf("fn ran %d times, want 2", n)
+	}
+}
+
+func TestCrashedOwnerTakenOver(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const lease = 200 * time.Millisecond
+		c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+		ctx := context.Background()
+		rk := idem.RecordKey(c, "k")
+		// What an owner that died inside fn leaves behind: a claim whose
+		// lease is not renewed.
+		var now int64
+		if b.mr != nil {
+			b.advance(t, 0)
+			now = b.now.UnixMilli()
+		} else {
+			now = time.Now().UnixMilli()
+		}
+		b.do(t, "HSET", rk, "v", "1", "st", "p", "fp", "", "own", "dead-owner", "n", "1",
+			"lu", fmt.Sprint(now+lease.Milliseconds()))
+		b.do(t, "PEXPIRE", rk, 60000)
+
+		var l ledger
+		_, err := c.Do(ctx, "k", "fp", l.fn("x"))
+		if !errors.Is(err, idem.ErrInProgress) {
+			t.Fatalf("during the dead owner's lease: got %v, want ErrInProgress", err)
+		}
+		b.advance(t, lease+50*time.Millisecond)
+		got, err := c.Do(ctx, "k", "fp", l.fn("x"))
+		if err != nil || string(got) != "x#2" {
+			t.Fatalf("after the lease: got %q, %v; want x#2 (a takeover)", got, err)
+		}
+	})
+}
+
+func TestStaleOwnerLosesLease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithWait(0))
+		ctx := context.Background()
+		rk := idem.RecordKey(c, "k")
+		var l ledger
+		inFn, resume := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				close(inFn)
+				<-resume
+				return []byte("stale"), nil
+			})
+			done <- err
+		}()
+		<-inFn
+		// The owner is paused past its lease: end it, as time would.
+		b.do(t, "HSET", rk, "lu", "0")
+		got, err := c.Do(ctx, "k", "fp", l.fn("new"))
+		if err != nil || string(got) != "new#2" {
+			t.Fatalf("takeover: got %q, %v; want new#2", got, err)
+		}
+		close(resume)
+		if err := <-done; !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("stale owner: got %v, want ErrLeaseLost", err)
+		}
+		got, err = c.Do(ctx, "k", "fp", l.fn("again"))
+		if err != nil || string(got) != "new#2" {
+			t.Fatalf("after the stale completion: got %q, %v; want the newer result new#2", got, err)
+		}
+	})
+}
+
+func TestLeaseLossCancelsFn(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c := b.idem(t, idem.WithLease(60*time.Millisecond), idem.WithWait(0))
+	ctx := context.Background()
+	rk := idem.RecordKey(c, "k")
+	cause := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			// Another caller took over behind our back.
+			b.do(t, "HSET", rk, "own", "someone-else")
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return []byte("late"), nil
+		})
+		done <- err
+	}()
+	select {
+	case err := <-cause:
+		if !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("fn's context cause: %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("fn's context was not cancelled after the lease was lost")
+	}
+	if err := <-done; !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Do: got %v, want ErrLeaseLost", err)
+	}
+}
+
+func TestLeaseRenewedWhileFnRuns(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	const lease = 90 * time.Millisecond
+	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+	ctx := context.Background()
+	var l ledger
+	inFn, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			l.add(ctx)
+			close(inFn)
+			<-finish
+			return []byte("slow"), ctx.Err()
+		})
+		done <- err
+	}()
+	<-inFn
+	// Several leases later, the owner still holds the key.
+	time.Sleep(4 * lease)
+	if _, err := c.Do(ctx, "k", "fp", l.fn("dup")); !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("during a renewed lease: got %v, want ErrInProgress", err)
+	}
+	close(finish)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := l.count("k"); n != 1 {
+		t.Fatalf("fn ran %d times, want 1", n)
+	}
+}
+
+func TestRedisUnreachableFailsClosed(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t)
+		if b.mr != nil {
+			b.mr.Close()
+		} else {
+			b.srv.Kill()
+		}
+		ran := false
+		_, err := c.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) {
+			ran = true
+			return nil, nil
+		})
+		if err == nil || ran {
+			t.Fatalf("got err %v, ran %v; want an error and fn not run", err, ran)
+		}
+		if !strings.Contains(err.Error(), "claim") {
+			t.Fatalf("error %q does not say the claim failed", err)
+		}
+	})
+}
+
+func TestCorruptRecordFailsClosed(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t)
+		cases := []struct {
+			name  string
+			setup []any
+			want  error // nil: any error
+		}{
+			{"not a hash", []any{"SET", "%s", "garbage"}, nil},
+			{"no version", []any{"HSET", "%s", "junk", "1"}, idem.ErrCorrupt},
+			{"future version", []any{"HSET", "%s", "v", "9", "st", "d", "res", "x"}, idem.ErrCorrupt},
+			{"bad state", []any{"HSET", "%s", "v", "1", "st", "?", "fp", "", "n", "1", "lu", "0"}, idem.ErrCorrupt},
+			{"bad attempt", []any{"HSET", "%s", "v", "1", "st", "p", "fp", "", "n", "x", "lu", "0"}, idem.ErrCorrupt},
+		}
+		for i, tc := range cases {
+			key := fmt.Sprintf("bad-%d", i)
+			args := append([]any(nil), tc.setup...)
+			args[1] = idem.RecordKey(c, key)
+			b.do(t, args...)
+			ran := false
+			_, err := c.Do(context.Background(), key, "fp", func(context.Context) ([]byte, error) {
+				ran = true
+				return nil, nil
+			})
+			if err == nil || ran || (tc.want != nil && !errors.Is(err, tc.want)) {
+				t.Errorf("%s: got %v, ran %v; want %v and fn not run", tc.name, err, ran, tc.want)
+			}
+			if _, err := c.Status(context.Background(), key); err == nil {
+				t.Errorf("%s: Status gave no error", tc.name)
+			}
+		}
+	})
+}
+
+func TestStoreFailureIsNotRecorded(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithStoreTimeout(300*time.Millisecond))
+		got, err := c.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) {
+			if b.mr != nil {
+				b.mr.Close()
+			} else {
+				b.srv.Kill()
+			}
+			return []byte("done"), nil
+		})
+		if !errors.Is(err, idem.ErrNotRecorded) {
+			t.Fatalf("got %v, want ErrNotRecorded", err)
+		}
+		if string(got) != "done" {
+			t.Fatalf("got result %q, want fn's result with the error", got)
+		}
+	})
+}
+
+func TestResultTooLarge(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithMaxResultSize(1<<10))
+		ctx := context.Background()
+		var l ledger
+		big := func(ctx context.Context) ([]byte, error) {
+			l.add(ctx)
+			return make([]byte, 10<<10), nil
+		}
+		_, err := c.Do(ctx, "k", "fp", big)
+		if !errors.Is(err, idem.ErrTooLarge) {
+			t.Fatalf("owner: got %v, want ErrTooLarge", err)
+		}
+		_, err = c.Do(ctx, "k", "fp", big)
+		var se *idem.StoredError
+		if !errors.As(err, &se) || !strings.Contains(se.Message, "10240 bytes") {
+			t.Fatalf("replay: got %v, want a stored error that names the size", err)
+		}
+		if n := l.count("k"); n != 1 {
+			t.Fatalf("fn ran %d times, want 1", n)
+		}
+		// Only the message is stored, not the 10 KiB.
+		if n := b.do(t, "HSTRLEN", idem.RecordKey(c, "k"), "err").(int64); n > 200 {
+			t.Fatalf("stored error is %d bytes", n)
+		}
+	})
+}
+
+func TestKeys(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithMaxKeyLen(64))
+		ctx := context.Background()
+		var l ledger
+		for _, key := range []string{"", strings.Repeat("k", 65)} {
+			_, err := c.Do(ctx, key, "", l.fn("x"))
+			if !errors.Is(err, idem.ErrInvalidKey) {
+				t.Errorf("key of %d bytes: got %v, want ErrInvalidKey", len(key), err)
+			}
+		}
+		good := []string{
+			strings.Repeat("k", 64), "\x00\xff binary", "{", "}", "}x", "a}b{c", "{a}", `\c`, `\}`, "}}", "\\", "ключ",
+		}
+		seenRecords := map[string]string{}
+		for _, key := range good {
+			got, err := c.Do(ctx, key, "", func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				return []byte(key), nil
+			})
+			if err != nil || string(got) != key {
+				t.Errorf("key %q: got %q, %v", key, got, err)
+			}
+			rk, ch := idem.RecordKey(c, key), idem.ChannelKey(c, key)
+			if tag := hashTag(rk); tag == rk || tag == "" || tag != hashTag(ch) {
+				t.Errorf("key %q: record %q and channel %q do not share a non-empty hash tag", key, rk, ch)
+			}
+			if other, dup := seenRecords[rk]; dup {
+				t.Errorf("keys %q and %q share the record %q", key, other, rk)
+			}
+			seenRecords[rk] = key
+		}
+		for _, key := range good {
+			if n := l.count(key); n != 1 {
+				t.Errorf("key %q: fn ran %d times", key, n)
+			}
+		}
+		_, err := c.Do(ctx, "k", "", nil)
+		if err == nil || !strings.Contains(err.Error(), "nil fn") {
+			t.Errorf("nil fn: got %v", err)
+		}
+	})
+}
+
+type receipt struct {
+	ID      string
+	Amount  int64
+	At      time.Time
+	Tags    map[string]string
+	Lines   []float64
+	Comment *string
+}
+
+func TestTypedRoundTrip(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t)
+		ctx := context.Background()
+		note := "first"
+		want := receipt{
+			ID: "r-1", Amount: -100, At: time.Date(2026, 11, 29, 12, 0, 0, 123456789, time.UTC),
+			Tags: map[string]string{"a": "1", "b": "2"}, Lines: []float64{1.5, -2}, Comment: &note,
+		}
+		var runs atomic.Int32
+		fn := func(context.Context) (receipt, error) {
+			runs.Add(1)
+			return want, nil
+		}
+		first, err := idem.Do(ctx, c, "k", "fp", fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		replay, err := idem.Do(ctx, c, "k", "fp", fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, got := range []receipt{first, replay} {
+			if got.ID != want.ID || got.Amount != want.Amount || !got.At.Equal(want.At) ||
+				fmt.Sprint(got.Tags) != fmt.Sprint(want.Tags) || fmt.Sprint(got.Lines) != fmt.Sprint(want.Lines) ||
+				got.Comment == nil || *got.Comment != note {
+				t.Errorf("got %+v, want %+v", got, want)
+			}
+		}
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("fn ran %d times, want 1", n)
+		}
+		// A stored result that does not decode into T fails closed.
+		if _, err := idem.Do(ctx, c, "k", "fp", func(context.Context) (chan int, error) { return nil, nil }); err == nil {
+			t.Fatal("decoding into a channel type: no error")
+		}
+		if _, err := idem.Do(ctx, c, "k", "fp", func(context.Context) (int, error) { return 0, nil }); !errors.Is(err, idem.ErrCorrupt) {
+			t.Fatalf("decoding a struct into int: got %v, want ErrCorrupt", err)
+		}
+	})
+}
+
+func TestStatusAndForget(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithRetention(time.Hour))
+		ctx := context.Background()
+		var l ledger
+		st, err := c.Status(ctx, "k")
+		if err != nil || st.State != idem.StateAbsent || st.Attempt != 0 {
+			t.Fatalf("absent: %+v, %v", st, err)
+		}
+		var inFn Status
+		_, err = c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			l.add(ctx)
+			inFn, err = c.Status(ctx, "k")
+			return []byte("r"), err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inFn.State != idem.StateInProgress || inFn.Attempt != 1 || inFn.LeaseEnds.IsZero() {
+			t.Fatalf("in fn: %+v", inFn)
+		}
+		st, err = c.Status(ctx, "k")
+		if err != nil || st.State != idem.StateDone || st.Attempt != 1 {
+			t.Fatalf("done: %+v, %v", st, err)
+		}
+		if left := time.Until(st.Expires); left < 59*time.Minute || left > 61*time.Minute {
+			t.Fatalf("expires in %v, want about an hour", left)
+		}
+		if err := c.Forget(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := c.Status(ctx, "k"); st.State != idem.StateAbsent {
+			t.Fatalf("after Forget: %v", st.State)
+		}
+		if got, _ := c.Do(ctx, "k", "fp", l.fn("again")); string(got) != "again#1" {
+			t.Fatalf("after Forget: got %q, want again#1", got)
+		}
+	})
+}
+
+// Status is shorthand in tests.
+type Status = idem.Status
+
+func TestEvictionPolicyWarning(t *testing.T) {
+	b := newRedis(t, redistest.Config{MaxMemoryPolicy: "volatile-lru"})
+	var buf syncBuffer
+	c := idem.New(b.client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
+	_ = c.Close() // waits for the check
+	if !strings.Contains(buf.String(), "volatile-lru") {
+		t.Fatalf("log %q does not warn about volatile-lru", buf.String())
+	}
+
+	b = newRedis(t, redistest.Config{})
+	buf = syncBuffer{}
+	c = idem.New(b.client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
+	_ = c.Close()
+	if buf.String() != "" {
+		t.Fatalf("noeviction: unexpected log %q", buf.String())
+	}
+
+	// CONFIG disabled (renamed away): say that it could not be checked.
+	b = newRedis(t, redistest.Config{Extra: []string{`rename-command CONFIG ""`}})
+	buf = syncBuffer{}
+	c = idem.New(b.client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
+	_ = c.Close()
+	if !strings.Contains(buf.String(), "cannot check") {
+		t.Fatalf("CONFIG disabled: log %q does not say the policy could not be checked", buf.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestInvalidOptionsPanic(t *testing.T) {
+	b := newMiniredis(t)
+	for _, tc := range []struct {
+		opt  idem.Option
+		want string
+	}{
+		{idem.WithLease(0), "WithLease"},
+		{idem.WithRetention(-time.Second), "WithRetention"},
+		{idem.WithPrefix("a{b"), "WithPrefix"},
+		{idem.WithPrefix(""), "WithPrefix"},
+		{idem.WithWait(-1), "WithWait"},
+		{idem.WithMaxKeyLen(0), "WithMaxKeyLen"},
+		{idem.WithMaxResultSize(0), "WithMaxResultSize"},
+		{idem.WithPollInterval(0), "WithPollInterval"},
+		{idem.WithStoreTimeout(0), "WithStoreTimeout"},
+	} {
+		func() {
+			defer func() {
+				p := recover()
+				if p == nil || !strings.Contains(fmt.Sprint(p), tc.want) {
+					t.Errorf("%s: recovered %v, want a panic naming the option", tc.want, p)
+				}
+			}()
+			c := idem.New(b.client(t), tc.opt)
+			_ = c.Close()
+		}()
+	}
+	func() {
+		defer func() {
+			if p := recover(); p == nil || !strings.Contains(fmt.Sprint(p), "longer than WithRetention") {
+				t.Errorf("lease > retention: recovered %v", p)
+			}
+		}()
+		_ = idem.New(b.client(t), idem.WithLease(time.Hour), idem.WithRetention(time.Minute)).Close()
+	}()
+}
+
+func TestFingerprint(t *testing.T) {
+	type params struct {
+		Account string
+		Amount  int64
+		meta    string
+	}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	same := [][2]string{
+		{idem.Fingerprint(map[string]int{"a": 1, "b": 2, "c": 3}), idem.Fingerprint(map[string]int{"c": 3, "b": 2, "a": 1})},
+		{idem.Fingerprint(params{"A", 1, "x"}), idem.Fingerprint(&params{"A", 1, "y"})},
+		{idem.Fingerprint(at), idem.Fingerprint(at.In(time.FixedZone("X", 3600)))},
+		{idem.Fingerprint("acct", 100), idem.Fingerprint("acct", 100)},
+	}
+	for i, p := range same {
+		if p[0] != p[1] {
+			t.Errorf("pair %d: %s != %s", i, p[0], p[1])
+		}
+	}
+	distinct := []string{
+		idem.Fingerprint("ab", "c"), idem.Fingerprint("a", "bc"), idem.Fingerprint("abc"),
+		idem.Fingerprint(int64(1)), idem.Fingerprint(uint64(1)), idem.Fingerprint("1"),
+		idem.Fingerprint([]byte("1")), idem.Fingerprint(nil), idem.Fingerprint(),
+		idem.Fingerprint(params{"A", 1, ""}), idem.Fingerprint(params{"A", 2, ""}),
+		idem.Fingerprint([]int{1, 2}), idem.Fingerprint([]int{2, 1}),
+		idem.Fingerprint(map[string]int{"a": 1}), idem.Fingerprint(map[string]int{"a": 2}),
+	}
+	seen := map[string]int{}
+	for i, fp := range distinct {
+		if j, ok := seen[fp]; ok {
+			t.Errorf("values %d and %d share fingerprint %s", j, i, fp)
+		}
+		seen[fp] = i
+		if len(fp) != 32 || strings.Contains(fp, "acct") {
+			t.Errorf("fingerprint %q is not a 32-digit hex digest", fp)
+		}
+	}
+}
+
+func TestRawParametersNeverStored(t *testing.T) {
+	b := newMiniredis(t)
+	c := b.idem(t)
+	secret := "4111-1111-1111-1111"
+	if _, err := c.Do(context.Background(), "k", secret, func(context.Context) ([]byte, error) { return []byte("ok"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	fields, err := b.mr.HKeys(idem.RecordKey(c, "k"))
+	if err != nil || len(fields) == 0 {
+		t.Fatalf("record fields: %v, %v", fields, err)
+	}
+	for _, f := range fields {
+		if v := b.mr.HGet(idem.RecordKey(c, "k"), f); strings.Contains(v, secret) || strings.Contains(v, "4111") {
+			t.Fatalf("field %s holds the raw fingerprint: %q", f, v)
+		}
+	}
+}
+
+func TestClosedClient(t *testing.T) {
+	b := newMiniredis(t)
+	c := idem.New(b.client(t))
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	_, err := c.Do(context.Background(), "k", "", func(context.Context) ([]byte, error) { return nil, nil })
+	if !errors.Is(err, idem.ErrClosed) {
+		t.Fatalf("got %v, want ErrClosed", err)
+	}
+	var nilClient *idem.Client
+	if _, err := nilClient.Do(context.Background(), "k", "", func(context.Context) ([]byte, error) { return nil, nil }); err == nil {
+		t.Fatal("nil Client: no error")
+	}
+}

@@ -1,0 +1,398 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/redistest"
+)
+
+// owner starts a Do on c whose fn blocks until the returned finish is
+// called with fn's outcome; it returns once fn has started.
+func startOwner(t *testing.T, c *idem.Client, key string, l *ledger) (finish func(res string, err error), done <-chan error) {
+	t.Helper()
+	started := make(chan struct{})
+	outcome := make(chan [2]any, 1)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
+			if l != nil {
+				l.add(ctx)
+			}
+			close(started)
+			o := <-outcome
+			err, _ := o[1].(error)
+			return []byte(o[0].(string)), err
+		})
+		errc <- err
+	}()
+	<-started
+	var once sync.Once
+	finish = func(res string, err error) { once.Do(func() { outcome <- [2]any{res, err} }) }
+	t.Cleanup(func() { finish("cleanup", nil) })
+	return finish, errc
+}
+
+func TestDuplicatesWaitForTheResult(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const dups = 50
+		clients := []*idem.Client{b.idem(t), b.idem(t)} // two service instances
+		var l ledger
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		results := make([]string, dups)
+		errs := make([]error, dups)
+		for i := range dups {
+			wg.Go(func() {
+				<-start
+				res, err := clients[i%2].Do(context.Background(), "pay-1", "fp", func(ctx context.Context) ([]byte, error) {
+					a := l.add(ctx)
+					time.Sleep(50 * time.Millisecond)
+					return []byte(fmt.Sprintf("receipt-%d-%d", i, a.Number)), nil
+				})
+				results[i], errs[i] = string(res), err
+			})
+		}
+		close(start)
+		wg.Wait()
+		if n := l.count("pay-1"); n != 1 {
+			t.Fatalf("fn ran %d times, want 1", n)
+		}
+		for i := range dups {
+			if errs[i] != nil || results[i] != results[0] {
+				t.Errorf("caller %d: got %q, %v; want %q like caller 0", i, results[i], errs[i], results[0])
+			}
+		}
+	})
+}
+
+func TestWaiterContextCancelled(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		owner, waiter := b.idem(t), b.idem(t, idem.WithWait(time.Minute))
+		var l ledger
+		finish, ownerDone := startOwner(t, owner, "k", &l)
+
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := waiter.Do(ctx, "k", "fp", l.fn("dup"))
+			errc <- err
+		}()
+		time.Sleep(50 * time.Millisecond)
+		cancel()
+		select {
+		case err := <-errc:
+			if !errors.Is(err, context.Canceled) || !errors.Is(err, idem.ErrInProgress) {
+				t.Fatalf("got %v, want an error matching context.Canceled and ErrInProgress", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter did not return after its context was cancelled")
+		}
+		finish("ok", nil)
+		if err := <-ownerDone; err != nil {
+			t.Fatalf("owner: %v", err)
+		}
+		if n := l.count("k"); n != 1 {
+			t.Fatalf("fn ran %d times, want 1", n)
+		}
+	})
+}
+
+func TestNoWait(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithWait(0))
+		var l ledger
+		finish, done := startOwner(t, c, "k", &l)
+		_, err := c.Do(context.Background(), "k", "fp", l.fn("dup"))
+		if !errors.Is(err, idem.ErrInProgress) {
+			t.Fatalf("got %v, want ErrInProgress", err)
+		}
+		finish("ok", nil)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestWaitBudgetEnds(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithWait(150*time.Millisecond))
+		var l ledger
+		finish, done := startOwner(t, c, "k", &l)
+		// From the same Client (shared flight) and from another one.
+		for _, w := range []*idem.Client{c, b.idem(t, idem.WithWait(150*time.Millisecond))} {
+			_, err := w.Do(context.Background(), "k", "fp", l.fn("dup"))
+			if !errors.Is(err, idem.ErrInProgress) {
+				t.Fatalf("got %v, want ErrInProgress", err)
+			}
+		}
+		finish("ok", nil)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if n := l.count("k"); n != 1 {
+			t.Fatalf("fn ran %d times, want 1", n)
+		}
+	})
+}
+
+// waitFor runs a Do on c in the background and returns its outcome channel.
+func waitFor(c *idem.Client, key string, l *ledger) <-chan [2]any {
+	out := make(chan [2]any, 1)
+	go func() {
+		res, err := c.Do(context.Background(), key, "fp", l.fn("waiter"))
+		out <- [2]any{string(res), err}
+	}()
+	return out
+}
+
+// A waiter that relies on pub/sub alone (NoPolling) claims again only when
+// woken, or at the end of its wait budget. These tests give it a long
+// budget and fail when it was not woken well before the budget ended.
+const (
+	wakeBudget = 20 * time.Second
+	wakeLimit  = wakeBudget / 2
+)
+
+func mustBeWoken(t *testing.T, since time.Time) {
+	t.Helper()
+	if d := time.Since(since); d > wakeLimit {
+		t.Fatalf("the waiter returned after %v: it was not woken, only its wait budget of %v ended", d, wakeBudget)
+	}
+}
+
+func TestWokenByPubSubAlone(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		owner := b.idem(t)
+		waiter := b.idem(t, idem.WithWait(wakeBudget))
+		idem.NoPolling(waiter)
+		var l ledger
+		finish, done := startOwner(t, owner, "k", &l)
+		out := waitFor(waiter, "k", &l)
+		eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+		time.Sleep(20 * time.Millisecond) // let the confirmation's recheck pass
+		finish("ok", nil)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		got := <-out
+		mustBeWoken(t, t0)
+		if got[1] != nil || got[0] != "ok" {
+			t.Fatalf("waiter: got %v; want the owner's result (a wake-up by pub/sub, not the wait's end)", got)
+		}
+		eventually(t, 5*time.Second, "the unsubscribe", func() bool { return idem.Subscribed(waiter) == 0 })
+	})
+}
+
+func TestPubSubKilledWhileWaiting(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	owner := b.idem(t)
+	waiter := b.idem(t, idem.WithWait(wakeBudget))
+	idem.NoPolling(waiter)
+	var l ledger
+	finish, done := startOwner(t, owner, "k", &l)
+	out := waitFor(waiter, "k", &l)
+	eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+	time.Sleep(20 * time.Millisecond)
+	if n := b.srv.KillPubSub(t); n != 1 {
+		t.Fatalf("killed %d pub/sub connections, want 1", n)
+	}
+	// The owner completes while the subscriber is reconnecting: its
+	// notification is lost, the recheck after the resubscribe finds it.
+	finish("ok", nil)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	got := <-out
+	mustBeWoken(t, t0)
+	if got[1] != nil || got[0] != "ok" {
+		t.Fatalf("waiter: got %v; want the owner's result", got)
+	}
+}
+
+func TestLostPublishEndsByPolling(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		owner := b.idem(t)
+		idem.LosePublishes(owner)
+		waiter := b.idem(t, idem.WithWait(10*time.Second), idem.WithPollInterval(50*time.Millisecond))
+		var l ledger
+		finish, done := startOwner(t, owner, "k", &l)
+		out := waitFor(waiter, "k", &l)
+		eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+		time.Sleep(100 * time.Millisecond)
+		finish("ok", nil)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		got := <-out
+		if got[1] != nil || got[0] != "ok" {
+			t.Fatalf("waiter: got %v; want the owner's result", got)
+		}
+		t.Logf("%s: the waiter found the result %v after the completion (poll interval 50ms)", b.name, time.Since(t0))
+	})
+}
+
+func TestNotificationInTheSubscribeGap(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		owner := b.idem(t)
+		waiter := b.idem(t, idem.WithWait(wakeBudget))
+		idem.NoPolling(waiter)
+		var l ledger
+		finish, done := startOwner(t, owner, "k", &l)
+		// After the waiter saw "busy" and before it subscribes, the owner
+		// completes and publishes to nobody.
+		idem.SetBeforeSubscribe(waiter, func(string) {
+			finish("ok", nil)
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+		t0 := time.Now()
+		res, err := waiter.Do(context.Background(), "k", "fp", l.fn("waiter"))
+		mustBeWoken(t, t0)
+		if err != nil || string(res) != "ok" {
+			t.Fatalf("waiter: got %q, %v; want the owner's result from the recheck after subscribing", res, err)
+		}
+	})
+}
+
+func TestReleaseHandsOverToAWaiter(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		owner, waiter := b.idem(t), b.idem(t, idem.WithWait(wakeBudget))
+		idem.NoPolling(waiter)
+		var l ledger
+		finish, done := startOwner(t, owner, "k", &l)
+		out := waitFor(waiter, "k", &l)
+		eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+		time.Sleep(20 * time.Millisecond)
+		boom := errors.New("downstream unavailable")
+		finish("", boom)
+		if err := <-done; !errors.Is(err, boom) {
+			t.Fatalf("owner: %v", err)
+		}
+		t0 := time.Now()
+		got := <-out
+		mustBeWoken(t, t0)
+		if got[1] != nil || got[0] != "waiter#2" {
+			t.Fatalf("waiter: got %v; want it to take over as attempt 2", got)
+		}
+		if runs := fmt.Sprint(l.runs("k")); runs != "[1 2]" {
+			t.Fatalf("attempts that ran: %s, want [1 2]", runs)
+		}
+	})
+}
+
+func TestCloseEndsWaiters(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		owner := b.idem(t)
+		waiter := idem.New(b.client(t), idem.WithWait(time.Minute))
+		var l ledger
+		finish, done := startOwner(t, owner, "k", &l)
+		out := waitFor(waiter, "k", &l)
+		eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+		if err := waiter.Close(); err != nil {
+			t.Fatal(err)
+		}
+		got := <-out
+		if err, _ := got[1].(error); !errors.Is(err, idem.ErrClosed) {
+			t.Fatalf("waiter: got %v, want ErrClosed", got)
+		}
+		finish("ok", nil)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestRecordExpiresWhileWaiting(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c := b.idem(t, idem.WithWait(10*time.Second), idem.WithPollInterval(20*time.Millisecond))
+	rk := idem.RecordKey(c, "k")
+	// A dead owner's claim that expires before its lease ends, as with a
+	// retention shorter than the work.
+	b.do(t, "HSET", rk, "v", "1", "st", "p", "fp", "", "own", "dead", "n", "3",
+		"lu", fmt.Sprint(time.Now().Add(time.Hour).UnixMilli()))
+	b.do(t, "PEXPIRE", rk, 200)
+	var l ledger
+	_, err := c.Do(context.Background(), "k", "fp", l.fn("x"))
+	if !errors.Is(err, idem.ErrExpired) || !strings.Contains(err.Error(), "attempt 3") {
+		t.Fatalf("got %v, want ErrExpired naming attempt 3", err)
+	}
+	if n := l.count("k"); n != 0 {
+		t.Fatalf("fn ran %d times, want 0", n)
+	}
+}
+
+func TestManyWaitersShareOneSubscriber(t *testing.T) {
+	if testing.Short() {
+		t.Skip("5,000 waiters: skipped in -short")
+	}
+	b := newRedis(t, redistest.Config{})
+	const keys = 5000
+	owner := b.idem(t)
+	waiter := b.idem(t, idem.WithWait(time.Minute))
+	idem.NoPolling(waiter)
+	var l ledger
+	release := make(chan struct{})
+	var owners, waiters sync.WaitGroup
+	started := make(chan struct{}, keys)
+	for i := range keys {
+		owners.Go(func() {
+			_, err := owner.Do(context.Background(), fmt.Sprint("k", i), "fp", func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				started <- struct{}{}
+				<-release
+				return []byte(fmt.Sprint("r", i)), nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for range keys {
+		<-started
+	}
+	errs := make(chan error, keys)
+	for i := range keys {
+		waiters.Go(func() {
+			res, err := waiter.Do(context.Background(), fmt.Sprint("k", i), "fp", l.fn("dup"))
+			if err == nil && string(res) != fmt.Sprint("r", i) {
+				err = fmt.Errorf("key k%d: got %q", i, res)
+			}
+			errs <- err
+		})
+	}
+	eventually(t, 30*time.Second, "5,000 subscriptions", func() bool { return idem.Subscribed(waiter) == keys })
+	list := b.do(t, "CLIENT", "LIST", "TYPE", "pubsub").(string)
+	if n := strings.Count(list, "\n"); n != 1 {
+		t.Fatalf("%d pub/sub connections, want 1:\n%s", n, list)
+	}
+	close(release)
+	t0 := time.Now()
+	owners.Wait()
+	waiters.Wait()
+	if d := time.Since(t0); d > 30*time.Second {
+		t.Fatalf("the waiters took %v after the owners finished: they were not woken", d)
+	}
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range keys {
+		if n := l.count(fmt.Sprint("k", i)); n != 1 {
+			t.Fatalf("key k%d: fn ran %d times", i, n)
+		}
+	}
+	eventually(t, 10*time.Second, "all unsubscribed", func() bool { return idem.Subscribed(waiter) == 0 })
+}

@@ -44,6 +44,10 @@ var (
 	// does not silently start over as attempt 1.
 	ErrExpired = errors.New("idem: record expired while waiting")
 
+	// ErrNotReplicated means a write reached fewer replicas than
+	// WithReplicas asks for within its timeout.
+	ErrNotReplicated = errors.New("idem: not acknowledged by enough replicas")
+
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("idem: client closed")
 )

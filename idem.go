@@ -86,12 +86,21 @@ var (
 	//go:embed lua/status.lua
 	statusSrc string
 
-	claimScript    = redis.NewScript(claimSrc)
-	completeScript = redis.NewScript(completeSrc)
-	releaseScript  = redis.NewScript(releaseSrc)
-	renewScript    = redis.NewScript(renewSrc)
-	statusScript   = redis.NewScript(statusSrc)
+	claimScript    = newScript(claimSrc)
+	completeScript = newScript(completeSrc)
+	releaseScript  = newScript(releaseSrc)
+	renewScript    = newScript(renewSrc)
+	statusScript   = newScript(statusSrc)
 )
+
+// script is a Lua script with its source at hand, for the pipelined EVAL
+// fallback of WithReplicas.
+type script struct {
+	*redis.Script
+	src string
+}
+
+func newScript(src string) script { return script{redis.NewScript(src), src} }
 
 // Client runs idempotent operations on one Redis deployment. It is safe for
 // concurrent use; create one per process and share it. Close it when done.
@@ -327,12 +336,57 @@ type claimReply struct {
 }
 
 func (c *Client) claim(ctx context.Context, rk, fp, token string) (claimReply, error) {
-	v, err := claimScript.Run(ctx, c.rdb, []string{rk}, fp, token,
+	v, err := c.write(ctx, claimScript, []string{rk}, fp, token,
 		c.cfg.lease.Milliseconds(), c.cfg.retention.Milliseconds()).Slice()
 	if err != nil {
 		return claimReply{}, err
 	}
 	return parseClaim(v)
+}
+
+// write runs a script that changes a record. With WithReplicas, the script
+// and a WAIT go in one pipeline, on one connection to the record's primary,
+// and a shortfall of replicas is an error wrapping ErrNotReplicated (the
+// script's reply is kept in the returned command all the same).
+func (c *Client) write(ctx context.Context, s script, keys []string, args ...any) *redis.Cmd {
+	if c.cfg.replicas == 0 {
+		return s.Run(ctx, c.rdb, keys, args...)
+	}
+	var node redis.Cmdable = c.rdb
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, keys[0])
+		if err != nil {
+			cmd := redis.NewCmd(ctx)
+			cmd.SetErr(err)
+			return cmd
+		}
+		node = m
+	}
+	run := func(sha bool) (*redis.Cmd, *redis.Cmd) {
+		pipe := node.Pipeline()
+		var cmd *redis.Cmd
+		if sha {
+			cmd = pipe.EvalSha(ctx, s.Hash(), keys, args...)
+		} else {
+			cmd = pipe.Eval(ctx, s.src, keys, args...)
+		}
+		w := pipe.Do(ctx, "WAIT", c.cfg.replicas, c.cfg.replicaWait.Milliseconds())
+		_, _ = pipe.Exec(ctx)
+		return cmd, w
+	}
+	cmd, w := run(true)
+	if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		cmd, w = run(false)
+	}
+	if cmd.Err() != nil {
+		return cmd
+	}
+	if err := w.Err(); err != nil {
+		cmd.SetErr(fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err))
+	} else if got, _ := w.Val().(int64); got < int64(c.cfg.replicas) {
+		cmd.SetErr(fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, got, c.cfg.replicas, c.cfg.replicaWait))
+	}
+	return cmd
 }
 
 func parseClaim(v []any) (claimReply, error) {
@@ -406,13 +460,17 @@ func (c *Client) complete(ctx context.Context, rk, token string, state byte, pay
 	st := string(state)
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := completeScript.Run(dctx, c.rdb, keys, token, st, payload,
+		n, err := c.write(dctx, completeScript, keys, token, st, payload,
 			c.cfg.retention.Milliseconds(), c.publish).Int64()
 		switch {
 		case err == nil && n == 1:
 			return nil
 		case err == nil:
 			return ErrLeaseLost
+		case errors.Is(err, ErrNotReplicated):
+			// Stored on the primary; retrying cannot make it more durable
+			// than WAIT just did.
+			return fmt.Errorf("%w: %w", ErrNotRecorded, err)
 		}
 		lastErr = err
 		t := time.NewTimer(pause)

@@ -21,6 +21,8 @@ type config struct {
 	maxKeyLen     int
 	maxResultSize int
 	logger        *slog.Logger
+	replicas      int           // WAIT for this many replicas after claims and outcomes; 0 = do not wait
+	replicaWait   time.Duration // WAIT's timeout
 	problems      []string
 }
 
@@ -179,5 +181,25 @@ func WithLogger(l *slog.Logger) Option {
 		if l != nil {
 			c.logger = l
 		}
+	}
+}
+
+// WithReplicas makes every claim and every recorded outcome wait until n
+// replicas have acknowledged it (Redis WAIT, sent on the same connection as
+// the write), for at most timeout. With it, an outcome that Do returned
+// without error survives a failover to one of those replicas. A claim that
+// reaches fewer replicas is given back and fn does not run; an outcome that
+// reaches fewer is stored on the primary, but Do returns an error wrapping
+// ErrNotRecorded and ErrNotReplicated. n must not be negative, and timeout
+// must be positive when n is, and shorter than the go-redis client's
+// ReadTimeout (3s by default), which also bounds the WAIT.
+// The default is 0: do not wait for replicas.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return func(c *config) {
+		if n < 0 || (n > 0 && timeout <= 0) {
+			c.problem("WithReplicas(%d, %v): n must not be negative and the timeout must be positive", n, timeout)
+			return
+		}
+		c.replicas, c.replicaWait = n, timeout
 	}
 }

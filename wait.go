@@ -41,7 +41,7 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 	for {
 		r, err := c.claim(ctx, rk, fp, token)
 		if err != nil {
-			if mayHaveRun(err) {
+			if mayHaveRun(err) || errors.Is(err, ErrNotReplicated) {
 				// The claim may have happened with its reply lost: give it
 				// back if it is ours. fn does not run.
 				c.release(ctx, rk, token)

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// retention is how long both strategies keep a payment's record: longer than
+// any retry of a run, short enough that a run that dies before its cleanup
+// leaves little behind in a real Redis.
+const retention = 10 * time.Minute
+
+// errBankDown is the bank's transient refusal: nothing was debited, and the
+// same debit may be tried again.
+var errBankDown = errors.New("bank: temporarily unavailable, nothing debited")
+
+// A payment is one logical payment. The client sends it until it gets a
+// receipt, always with the same ID: the ID is the idempotency key.
+type payment struct {
+	ID      string
+	Account string
+	Amount  int64 // in cents
+}
+
+// A Receipt is what the service answers for a payment. Its fields are
+// exported because idem.Do stores it encoded with msgpack.
+type Receipt struct {
+	// Payment is the payment's ID.
+	Payment string
+	// Amount is the amount debited, in cents.
+	Amount int64
+	// Attempt is the idem attempt that debited (always 1 for
+	// check-then-set, which has no attempt numbers).
+	Attempt int64
+	// Instance names the service instance that debited.
+	Instance string
+}
+
+// A service is one instance of the payment service, as the load balancer
+// sees it.
+type service interface {
+	// Pay debits the payment, or returns the receipt of an earlier debit.
+	Pay(ctx context.Context, p payment) (Receipt, error)
+}
+
+// bank is the downstream system whose side effect must not repeat: an
+// in-memory ledger of debits by reference. A real bank would refuse a second
+// debit with the same reference (the downstream defence the idem package
+// recommends); this one only records it, so the demo measures what the
+// service alone achieves.
+type bank struct {
+	mu     sync.Mutex
+	ledger map[string][]int64 // guarded by mu; amounts debited, by reference
+}
+
+// newBank returns a bank with an empty ledger.
+func newBank() *bank {
+	return &bank{ledger: make(map[string][]int64)}
+}
+
+// Debit debits amount under the reference ref. How long it takes and
+// whether the bank is down are the attempt's fate (see fateFrom), so the
+// service code reads as it would in production.
+func (b *bank) Debit(ctx context.Context, ref string, amount int64) error {
+	f := fateFrom(ctx)
+	if f.bankDown {
+		return errBankDown
+	}
+	t := time.NewTimer(f.debit)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	// The debit commits at the end, as a slow bank call would: a duplicate
+	// that starts meanwhile is not stopped by anything the bank does.
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ledger[ref] = append(b.ledger[ref], amount)
+	return nil
+}
+
+// debits returns how many times ref was debited.
+func (b *bank) debits(ref string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.ledger[ref])
+}
+
+// idemService pays through idem.Do: the payment's ID is the key, so only one
+// attempt debits, whichever instance each retry reaches.
+type idemService struct {
+	name      string
+	idem      *idem.Client
+	bank      *bank
+	takeovers *keySet // payments whose fn ran as attempt 2 or later
+}
+
+// Pay debits p at most once per key, and replays the receipt to retries.
+func (s *idemService) Pay(ctx context.Context, p payment) (Receipt, error) {
+	return idem.Do(ctx, s.idem, p.ID, idem.Fingerprint(p.Account, p.Amount),
+		func(ctx context.Context) (Receipt, error) {
+			a, _ := idem.AttemptFrom(ctx)
+			if a.Number > 1 {
+				// An earlier attempt failed (here: the bank refused it, so
+				// nothing moved). A real service would reconcile with the
+				// bank before acting again; this bank's refusals are
+				// always clean, so it only counts them.
+				s.takeovers.add(a.Key)
+			}
+			// The idempotency key doubles as the bank's reference.
+			if err := s.bank.Debit(ctx, a.Key, p.Amount); err != nil {
+				return Receipt{}, err
+			}
+			return Receipt{Payment: a.Key, Amount: p.Amount, Attempt: a.Number, Instance: s.name}, nil
+		})
+}
+
+// naiveService pays with the classic check-then-set: GET the key, debit if
+// it is absent, then SET the receipt. Nothing stops a second request for
+// the same payment between the GET and the SET.
+type naiveService struct {
+	name   string
+	rdb    redis.UniversalClient
+	prefix string // of the receipt keys
+	bank   *bank
+}
+
+// Pay returns the stored receipt for p, or debits and stores one.
+func (s *naiveService) Pay(ctx context.Context, p payment) (Receipt, error) {
+	key := s.prefix + p.ID
+	b, err := s.rdb.Get(ctx, key).Bytes()
+	switch {
+	case err == nil:
+		var r Receipt
+		if err := json.Unmarshal(b, &r); err != nil {
+			return Receipt{}, fmt.Errorf("decode receipt %s: %w", key, err)
+		}
+		return r, nil
+	case !errors.Is(err, redis.Nil):
+		return Receipt{}, err
+	}
+	// The race window: a retry that reaches any instance from here until the
+	// SET below also finds no key, and debits again.
+	if err := s.bank.Debit(ctx, p.ID, p.Amount); err != nil {
+		return Receipt{}, err
+	}
+	r := Receipt{Payment: p.ID, Amount: p.Amount, Attempt: 1, Instance: s.name}
+	if b, err = json.Marshal(r); err != nil {
+		return Receipt{}, err
+	}
+	return r, s.rdb.Set(ctx, key, b, retention).Err()
+}
+
+// keySet is a set of keys safe for concurrent use.
+type keySet struct {
+	mu   sync.Mutex
+	keys map[string]struct{} // guarded by mu
+}
+
+// add puts key in the set.
+func (s *keySet) add(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.keys == nil {
+		s.keys = make(map[string]struct{})
+	}
+	s.keys[key] = struct{}{}
+}
+
+// len returns the number of keys in the set.
+func (s *keySet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.keys)
+}

@@ -54,6 +54,14 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 				c.release(ctx, rk, token)
 				return nil, fmt.Errorf("%w: key %q: attempt %d was in progress; is the retention shorter than the operation?", ErrExpired, key, seen), false
 			}
+			if err := ctx.Err(); err != nil {
+				// The caller gave up while the claim was under way (go-redis
+				// applies a context's deadline to reads only with
+				// ContextTimeoutEnabled): give the claim back; fn does not
+				// start.
+				c.release(ctx, rk, token)
+				return nil, fmt.Errorf("idem: claim key %q: %w", key, err), true
+			}
 			if w != nil {
 				w.stop()
 				w = nil

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"cmp"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Kind says why a request was sent.
+type Kind uint8
+
+// The kinds of request.
+const (
+	// First is an operation's first attempt.
+	First Kind = iota
+	// Retry is a client's retry after an attempt that timed out, or, in a
+	// trace, any later request with a key already seen.
+	Retry
+	// Late is a late redelivery: a message redelivered, or a client that
+	// recovered from an outage and sends its request again.
+	Late
+)
+
+// An Event is one request: a Do call for the operation Op, at virtual time
+// At counted from the start of the plan.
+type Event struct {
+	At          time.Duration
+	Op          int32 // index into Plan.Keys
+	Kind        Kind
+	Fingerprint string // passed to Do; in a trace it may change between requests
+}
+
+// A Plan is the traffic that every retention policy is run against: the
+// same operations and requests, in time order, so that policies differ
+// only in the retention.
+type Plan struct {
+	// Keys holds each operation's idempotency key.
+	Keys []string
+	// Events are sorted by At; ties keep the order they were generated or
+	// read in.
+	Events []Event
+	// Start is the wall-clock time of At = 0, which the server's clock
+	// shows: the library reads time from Redis (TIME), not from Go.
+	Start time.Time
+	// Source describes where the traffic came from, for titles.
+	Source string
+}
+
+// Span is the virtual time from the first request to the last.
+func (p *Plan) Span() time.Duration {
+	if len(p.Events) == 0 {
+		return 0
+	}
+	return p.Events[len(p.Events)-1].At
+}
+
+// Count returns how many requests of kind k the plan holds.
+func (p *Plan) Count(k Kind) int {
+	n := 0
+	for _, e := range p.Events {
+		if e.Kind == k {
+			n++
+		}
+	}
+	return n
+}
+
+// Workload is a model of a service's traffic: Poisson arrivals of
+// operations, a share of attempts that time out and are retried with
+// exponential backoff, and a tail of late redeliveries.
+type Workload struct {
+	Ops  int     // operations to generate
+	Rate float64 // arrivals per second
+
+	// TimeoutShare is the probability that an attempt times out at the
+	// client, which then retries (the operation did complete on the
+	// server, so a retained record answers the retry).
+	TimeoutShare float64
+	Retries      int           // retries after the first attempt, at most
+	RetryBase    time.Duration // the pause before the first retry
+	RetryFactor  float64       // each pause is this many times the last
+	RetryJitter  float64       // each pause varies by up to ± this fraction
+	RetryCap     time.Duration // no pause (before jitter) is longer
+
+	// LateShare is the share of operations redelivered once, late, after a
+	// lognormal delay from the first attempt with the given median and
+	// 99th percentile.
+	LateShare  float64
+	LateMedian time.Duration
+	LateP99    time.Duration
+
+	Seed uint64
+}
+
+// start is the virtual wall-clock time at which generated traffic begins.
+// A fixed instant keeps runs reproducible; its value does not matter.
+var start = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// z99 is the 99th percentile of the standard normal distribution.
+const z99 = 2.3263478740408408
+
+// maxDelay bounds a drawn delay, so that a wide lognormal tail cannot
+// overflow time.Duration. Nothing is retained that long.
+const maxDelay = 10 * 365 * 24 * time.Hour
+
+// Streams of the random generator: each aspect of the model draws from its
+// own, so that changing, say, the late share does not move the arrivals.
+const (
+	streamArrivals uint64 = iota + 1
+	streamRetries
+	streamLate
+)
+
+// Plan generates the workload's requests, the same for the same Workload.
+func (w Workload) Plan() *Plan {
+	arrivals := rand.New(rand.NewPCG(w.Seed, streamArrivals))
+	retries := rand.New(rand.NewPCG(w.Seed, streamRetries))
+	late := rand.New(rand.NewPCG(w.Seed, streamLate))
+
+	p := &Plan{
+		Keys:   make([]string, w.Ops),
+		Events: make([]Event, 0, w.Ops+w.Ops/8),
+		Start:  start,
+		Source: w.String(),
+	}
+	var t float64 // seconds since the start
+	for i := range p.Keys {
+		t += arrivals.ExpFloat64() / w.Rate
+		at := seconds(t)
+		p.Keys[i] = uuid(arrivals)
+		fp := "op " + strconv.Itoa(i)
+		p.Events = append(p.Events, Event{At: at, Op: int32(i), Kind: First, Fingerprint: fp})
+
+		sent := at
+		for n := 1; n <= w.Retries && retries.Float64() < w.TimeoutShare; n++ {
+			sent = min(sent+w.retryPause(n, retries), maxDelay)
+			p.Events = append(p.Events, Event{At: sent, Op: int32(i), Kind: Retry, Fingerprint: fp})
+		}
+		if late.Float64() < w.LateShare {
+			p.Events = append(p.Events, Event{At: min(at+w.lateDelay(late), maxDelay), Op: int32(i), Kind: Late, Fingerprint: fp})
+		}
+	}
+	slices.SortStableFunc(p.Events, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
+	return p
+}
+
+// retryPause returns the pause before retry n (from 1), counted from the
+// attempt before it: min(cap, base·factor^(n-1)), varied by ±jitter.
+func (w Workload) retryPause(n int, rng *rand.Rand) time.Duration {
+	d := min(float64(w.RetryBase)*math.Pow(w.RetryFactor, float64(n-1)), float64(w.RetryCap))
+	d *= 1 + w.RetryJitter*(2*rng.Float64()-1)
+	return time.Duration(min(d, float64(maxDelay)))
+}
+
+// lateDelay draws a redelivery delay from the lognormal distribution with
+// the workload's median and 99th percentile.
+func (w Workload) lateDelay(rng *rand.Rand) time.Duration {
+	sigma := math.Log(float64(w.LateP99)/float64(w.LateMedian)) / z99
+	d := float64(w.LateMedian) * math.Exp(sigma*rng.NormFloat64())
+	return time.Duration(min(d, float64(maxDelay)))
+}
+
+// String summarises the workload in one line.
+func (w Workload) String() string {
+	s := fmt.Sprintf("%d ops at %s/s", w.Ops, strconv.FormatFloat(w.Rate, 'g', 4, 64))
+	if w.TimeoutShare > 0 && w.Retries > 0 {
+		s += fmt.Sprintf(", %s time out (≤%d retries from %s ×%s, cap %s)",
+			percent(w.TimeoutShare), w.Retries, shortDuration(w.RetryBase),
+			strconv.FormatFloat(w.RetryFactor, 'g', 3, 64), shortDuration(w.RetryCap))
+	}
+	if w.LateShare > 0 {
+		s += fmt.Sprintf(", %s late (median %s, p99 %s)",
+			percent(w.LateShare), shortDuration(w.LateMedian), shortDuration(w.LateP99))
+	}
+	return s + fmt.Sprintf(", seed %d", w.Seed)
+}
+
+// uuid draws a random version 4 UUID: generated keys have the length of
+// the keys most services use, so that record sizes are realistic.
+func uuid(rng *rand.Rand) string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		u := rng.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(u >> (8 * j))
+		}
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:36], b[10:16])
+	return string(s[:])
+}
+
+// seconds converts float seconds to a Duration, rounded to the microsecond
+// (the resolution of Redis's TIME).
+func seconds(s float64) time.Duration {
+	return min(time.Duration(s*1e6)*time.Microsecond, maxDelay)
+}

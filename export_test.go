@@ -36,3 +36,27 @@ func Subscribed(c *Client) int {
 // NoPolling makes c's waiters rely on pub/sub alone (and the owner's lease
 // end): their first poll is an hour away.
 func NoPolling(c *Client) { c.firstPoll = time.Hour }
+
+// ScriptSource is the full source of the named script ("claim",
+// "complete", "release", "renew", "status") as sent to Redis, helpers
+// included.
+func ScriptSource(name string) string { return scriptByName(name).src }
+
+// ScriptSHA is the SHA-1 that EVALSHA sends for the named script.
+func ScriptSHA(name string) string { return scriptByName(name).Hash() }
+
+func scriptByName(name string) script {
+	switch name {
+	case "claim":
+		return claimScript
+	case "complete":
+		return completeScript
+	case "release":
+		return releaseScript
+	case "renew":
+		return renewScript
+	case "status":
+		return statusScript
+	}
+	panic("no script " + name)
+}

@@ -75,6 +75,8 @@ import (
 )
 
 var (
+	//go:embed lua/record.lua
+	recordSrc string
 	//go:embed lua/claim.lua
 	claimSrc string
 	//go:embed lua/complete.lua
@@ -100,7 +102,11 @@ type script struct {
 	src string
 }
 
-func newScript(src string) script { return script{redis.NewScript(src), src} }
+// newScript prepends the helpers of lua/record.lua to a script.
+func newScript(src string) script {
+	src = recordSrc + "\n" + src
+	return script{redis.NewScript(src), src}
+}
 
 // Client runs idempotent operations on one Redis deployment. It is safe for
 // concurrent use; create one per process and share it. Close it when done.
@@ -615,9 +621,9 @@ type Status struct {
 	State State
 	// Attempt is the latest attempt number (0 when absent).
 	Attempt int64
-	// LeaseEnds is when the latest attempt's lease ends or ended (zero when
-	// absent). It matters while State is StateInProgress: after it, the next
-	// caller takes over.
+	// LeaseEnds is when the latest attempt's lease ends or ended, for a
+	// record in progress or released (zero otherwise). While State is
+	// StateInProgress, the next caller takes over after it.
 	LeaseEnds time.Time
 	// Expires is when the record will be deleted (zero when absent).
 	Expires time.Time
@@ -639,22 +645,26 @@ func parseStatus(key string, v []any) (Status, error) {
 	bad := func(why string) (Status, error) {
 		return Status{}, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, why)
 	}
-	if len(v) != 6 {
+	if len(v) == 2 {
+		if why, ok := v[1].(string); ok && v[0] == "v" {
+			return bad(why)
+		}
+	}
+	if len(v) != 5 {
 		return bad("unexpected status reply")
 	}
-	now, _ := v[0].(int64)
-	pttl, _ := v[1].(int64)
-	if v[2] == nil && v[3] == nil {
-		if pttl == -2 {
-			return Status{}, nil
-		}
-		return bad("record has no version field")
-	}
-	if ver, _ := v[2].(string); ver != "1" {
-		return bad(fmt.Sprintf("unknown record version %q", ver))
+	now, ok1 := v[0].(int64)
+	pttl, ok2 := v[1].(int64)
+	st, ok3 := v[2].(string)
+	n, ok4 := v[3].(int64)
+	lu, ok5 := v[4].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+		return bad("unexpected status reply")
 	}
 	var s Status
-	switch st, _ := v[3].(string); st {
+	switch st {
+	case "":
+		return Status{}, nil
 	case "p":
 		s.State = StateInProgress
 	case "d":
@@ -666,15 +676,10 @@ func parseStatus(key string, v []any) (Status, error) {
 	default:
 		return bad(fmt.Sprintf("unknown state %q", st))
 	}
-	ns, _ := v[4].(string)
-	lus, _ := v[5].(string)
-	n, err1 := strconv.ParseInt(ns, 10, 64)
-	lu, err2 := strconv.ParseInt(lus, 10, 64)
-	if err1 != nil || err2 != nil {
-		return bad("malformed attempt or lease field")
-	}
 	s.Attempt = n
-	s.LeaseEnds = time.UnixMilli(lu)
+	if lu > 0 {
+		s.LeaseEnds = time.UnixMilli(lu)
+	}
 	if pttl >= 0 {
 		s.Expires = time.UnixMilli(now + pttl)
 	}

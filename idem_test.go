@@ -469,7 +469,7 @@ func TestResultTooLarge(t *testing.T) {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 		// Only the message is stored, not the 10 KiB.
-		if n := b.do(t, "HSTRLEN", idem.RecordKey(c, "k"), "err").(int64); n > 200 {
+		if n := b.do(t, "STRLEN", idem.RecordKey(c, "k")).(int64); n > 200 {
 			t.Fatalf("stored error is %d bytes", n)
 		}
 	})
@@ -739,14 +739,12 @@ func TestRawParametersNeverStored(t *testing.T) {
 	if _, err := c.Do(context.Background(), "k", secret, func(context.Context) ([]byte, error) { return []byte("ok"), nil }); err != nil {
 		t.Fatal(err)
 	}
-	fields, err := b.mr.HKeys(idem.RecordKey(c, "k"))
-	if err != nil || len(fields) == 0 {
-		t.Fatalf("record fields: %v, %v", fields, err)
+	rec, err := b.mr.Get(idem.RecordKey(c, "k"))
+	if err != nil || !strings.HasSuffix(rec, ":ok") {
+		t.Fatalf("record: %q, %v", rec, err)
 	}
-	for _, f := range fields {
-		if v := b.mr.HGet(idem.RecordKey(c, "k"), f); strings.Contains(v, secret) || strings.Contains(v, "4111") {
-			t.Fatalf("field %s holds the raw fingerprint: %q", f, v)
-		}
+	if strings.Contains(rec, secret) || strings.Contains(rec, "4111") {
+		t.Fatalf("the record holds the raw fingerprint: %q", rec)
 	}
 }
 

@@ -1,6 +1,7 @@
 -- claim.lua: claim an idempotency key for one caller, or report its state.
+-- (lua/record.lua, prepended, describes the record and its helpers.)
 --
--- KEYS[1]  the record hash, <prefix>:{<key>}
+-- KEYS[1]  the record, <prefix>:{<key>}
 -- ARGV[1]  fingerprint digest of the parameters ("" = not checked)
 -- ARGV[2]  owner token, random per Do call
 -- ARGV[3]  lease in milliseconds
@@ -18,39 +19,40 @@
 --
 -- Time is the server's (TIME), never the client's. Nothing is written
 -- unless the caller claims, and then in one HSET plus one PEXPIRE.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = serverMs()
 local lease = tonumber(ARGV[3])
+local t = kind(KEYS[1])
 
-local r = redis.call('HMGET', KEYS[1], 'v', 'st', 'fp', 'own', 'n', 'lu')
-local v, st, fp, own, n, lu = r[1], r[2], r[3], r[4], r[5], r[6]
-
-if not v then
-  if redis.call('EXISTS', KEYS[1]) == 1 then
-    return {'v', 'record has no version field'}
+if t == 'string' then
+  local st, fp, _, _, payload = finished(redis.call('GET', KEYS[1]))
+  if not st then
+    return {'v', fp}
   end
+  if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then
+    return {'x'}
+  end
+  return {st, payload}
+end
+if t == 'none' then
   redis.call('HSET', KEYS[1], 'v', '1', 'st', 'p', 'fp', ARGV[1],
     'own', ARGV[2], 'n', '1', 'lu', tostring(now + lease))
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'c', 1, lease}
 end
-if v ~= '1' then
-  return {'v', 'unknown record version ' .. v}
-end
-n = tonumber(n)
-lu = tonumber(lu)
-if not n or not lu or not fp or (st ~= 'p' and st ~= 'd' and st ~= 'f' and st ~= 'r') then
-  return {'v', 'malformed record'}
+if t ~= 'hash' then
+  return {'v', 'record is a ' .. t}
 end
 
+local r = redis.call('HMGET', KEYS[1], 'v', 'st', 'fp', 'own', 'n', 'lu')
+local v, st, fp, own, n, lu = r[1], r[2], r[3], r[4], tonumber(r[5]), tonumber(r[6])
+if v ~= '1' then
+  return {'v', 'unknown record version ' .. tostring(v)}
+end
+if not n or not lu or not fp or (st ~= 'p' and st ~= 'r') then
+  return {'v', 'malformed record'}
+end
 if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then
   return {'x'}
-end
-if st == 'd' then
-  return {'d', redis.call('HGET', KEYS[1], 'res') or ''}
-end
-if st == 'f' then
-  return {'f', redis.call('HGET', KEYS[1], 'err') or ''}
 end
 if st == 'p' then
   if own == ARGV[2] then

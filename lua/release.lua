@@ -2,14 +2,18 @@
 -- an unknown claim outcome), only if the caller still owns it, and wake the
 -- waiters so one of them takes over. The attempt number is kept, so the next
 -- owner sees a higher one.
+-- (lua/record.lua, prepended, describes the record and its helpers.)
 --
--- KEYS[1]  the record hash, <prefix>:{<key>}
+-- KEYS[1]  the record, <prefix>:{<key>}
 -- KEYS[2]  its notification channel, <prefix>:{<key>}:done (same slot)
 -- ARGV[1]  owner token
 -- ARGV[2]  the publish command, "PUBLISH" or "SPUBLISH"; "" publishes nothing
 --
 -- Returns 1 when released, 0 when the caller did not own an in-progress
 -- record (nothing is changed then).
+if kind(KEYS[1]) ~= 'hash' then
+  return 0
+end
 local r = redis.call('HMGET', KEYS[1], 'own', 'st')
 if r[1] ~= ARGV[1] or r[2] ~= 'p' then
   return 0

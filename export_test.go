@@ -24,7 +24,7 @@ func PollOnly(c *Client) {
 func RecordKey(c *Client, key string) string { return c.recordKey(key) }
 
 // ChannelKey is the notification channel of key's record.
-func ChannelKey(c *Client, key string) string { return channelOf(c.recordKey(key)) }
+func ChannelKey(c *Client, key string) string { return c.keys(key)[1] }
 
 // Subscribed is the number of channels c's hub is subscribed to.
 func Subscribed(c *Client) int {

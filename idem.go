@@ -111,11 +111,15 @@ func newScript(src string) script {
 // Client runs idempotent operations on one Redis deployment. It is safe for
 // concurrent use; create one per process and share it. Close it when done.
 type Client struct {
-	rdb     redis.UniversalClient
-	cfg     config
-	publish string // "PUBLISH", "SPUBLISH", or "" in tests that lose notifications
-	hub     *hub
-	flights flights
+	rdb redis.UniversalClient
+	cfg config
+
+	// Script arguments that never change, boxed once: "PUBLISH" or
+	// "SPUBLISH" ("" in tests that lose notifications), and the lease and
+	// retention in milliseconds.
+	publish, leaseMs, retentionMs any
+	hub                           *hub
+	flights                       flights
 
 	firstPoll time.Duration // a waiter's first pause; tests raise it to rely on pub/sub alone
 
@@ -138,7 +142,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if err := cfg.validate(); err != nil {
 		panic(err)
 	}
-	c := &Client{rdb: rdb, cfg: cfg, publish: "PUBLISH", firstPoll: defaultFirstPoll}
+	c := &Client{
+		rdb: rdb, cfg: cfg, firstPoll: defaultFirstPoll,
+		publish: "PUBLISH", leaseMs: cfg.lease.Milliseconds(), retentionMs: cfg.retention.Milliseconds(),
+	}
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"
 	}
@@ -298,13 +305,14 @@ func digest(fingerprint string) string {
 	return string(sum[:16])
 }
 
-// recordKey maps a key to <prefix>:{<escaped key>}. The escaping ('\' to
-// "\\", '}' to "\c") keeps the hash tag non-empty and exactly the key, so
-// the record and its channel (recordKey + ":done") always share a slot,
-// whatever bytes the key holds.
-func (c *Client) recordKey(key string) string {
+// keys returns the Redis keys of key's record and of its notification
+// channel, built in one allocation: <prefix>:{<escaped key>} and the same
+// with ":done" after it. The escaping ('\' to "\\", '}' to "\c") keeps the
+// hash tag non-empty and exactly the key, so the record and its channel
+// always share a cluster slot, whatever bytes the key holds.
+func (c *Client) keys(key string) []string {
 	var b strings.Builder
-	b.Grow(len(c.cfg.prefix) + len(key) + 4)
+	b.Grow(len(c.cfg.prefix) + len(key) + 4 + len(doneSuffix))
 	b.WriteString(c.cfg.prefix)
 	b.WriteString(":{")
 	if strings.ContainsAny(key, `\}`) {
@@ -322,10 +330,15 @@ func (c *Client) recordKey(key string) string {
 		b.WriteString(key)
 	}
 	b.WriteByte('}')
-	return b.String()
+	b.WriteString(doneSuffix)
+	ch := b.String()
+	return []string{ch[:len(ch)-len(doneSuffix)], ch}
 }
 
-func channelOf(recordKey string) string { return recordKey + ":done" }
+const doneSuffix = ":done"
+
+// recordKey is the Redis key of key's record.
+func (c *Client) recordKey(key string) string { return c.keys(key)[0] }
 
 func newToken() string {
 	var b [16]byte
@@ -341,9 +354,9 @@ type claimReply struct {
 	payload   string        // result ('d'), message ('f'), reason ('v')
 }
 
-func (c *Client) claim(ctx context.Context, rk, fp, token string) (claimReply, error) {
-	v, err := c.write(ctx, claimScript, []string{rk}, fp, token,
-		c.cfg.lease.Milliseconds(), c.cfg.retention.Milliseconds()).Slice()
+// claim runs lua/claim.lua; keys are the record's and its channel's.
+func (c *Client) claim(ctx context.Context, keys []string, fp, token string) (claimReply, error) {
+	v, err := c.write(ctx, claimScript, keys[:1], fp, token, c.leaseMs, c.retentionMs).Slice()
 	if err != nil {
 		return claimReply{}, err
 	}
@@ -417,12 +430,28 @@ func parseClaim(v []any) (claimReply, error) {
 		if !ok1 || !ok2 {
 			return bad()
 		}
-		if r.kind == 'c' {
-			r.n, r.leaseLeft = a, time.Duration(b)*time.Millisecond
-		} else {
-			r.leaseLeft, r.n = time.Duration(a)*time.Millisecond, b
+		if r.kind == 'b' {
+			a, b = b, a
 		}
-	case 'd', 'f', 'v':
+		// a is the attempt number, b the lease left in ms: a busy lease has
+		// some left; none lasts 30 years.
+		if a < 1 || b < 0 || b > 1<<40 || (r.kind == 'b' && b == 0) {
+			return bad()
+		}
+		r.n, r.leaseLeft = a, time.Duration(b)*time.Millisecond
+	case 'd', 'f':
+		// The whole record and the 1-based position of the ":" before the
+		// payload: cutting the payload out here copies nothing.
+		if len(v) != 3 {
+			return bad()
+		}
+		s, ok1 := v[1].(string)
+		i, ok2 := v[2].(int64)
+		if !ok1 || !ok2 || i < 1 || i > int64(len(s)) || s[i-1] != ':' {
+			return bad()
+		}
+		r.payload = s[i:]
+	case 'v':
 		if len(v) != 2 {
 			return bad()
 		}
@@ -432,6 +461,9 @@ func parseClaim(v []any) (claimReply, error) {
 		}
 		r.payload = s
 	case 'x':
+		if len(v) != 1 {
+			return bad()
+		}
 	default:
 		return bad()
 	}
@@ -446,28 +478,25 @@ func (c *Client) detached(ctx context.Context) (context.Context, context.CancelF
 
 // release gives the claim up if it is still ours, so the next caller can
 // take over at once instead of after the lease.
-func (c *Client) release(ctx context.Context, rk, token string) {
+func (c *Client) release(ctx context.Context, keys []string, token string) {
 	dctx, cancel := c.detached(ctx)
 	defer cancel()
-	err := releaseScript.Run(dctx, c.rdb, []string{rk, channelOf(rk)}, token, c.publish).Err()
+	err := releaseScript.Run(dctx, c.rdb, keys, token, c.publish).Err()
 	if err != nil {
 		c.cfg.logger.Warn("idem: could not release a claim; the key stays claimed until the lease ends",
-			"record", rk, "error", err)
+			"record", keys[0], "error", err)
 	}
 }
 
 // complete records an outcome with compare-and-set on the owner token,
 // retrying with a detached context until the store timeout. It never
 // releases: fn has acted.
-func (c *Client) complete(ctx context.Context, rk, token string, state byte, payload []byte) error {
+func (c *Client) complete(ctx context.Context, keys []string, token string, state any, payload []byte) error {
 	dctx, cancel := c.detached(ctx)
 	defer cancel()
-	keys := []string{rk, channelOf(rk)}
-	st := string(state)
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := c.write(dctx, completeScript, keys, token, st, payload,
-			c.cfg.retention.Milliseconds(), c.publish).Int64()
+		n, err := c.write(dctx, completeScript, keys, token, state, payload, c.retentionMs, c.publish).Int64()
 		switch {
 		case err == nil && n == 1:
 			return nil
@@ -490,13 +519,14 @@ func (c *Client) complete(ctx context.Context, rk, token string, state byte, pay
 	}
 }
 
-// own runs fn as the owner of attempt n and records its outcome. retry
-// tells in-process followers (see flights) that this outcome is not theirs
-// to share: they should try the key themselves.
-func (c *Client) own(ctx context.Context, key, rk, token string, n int64, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
+// own runs fn as the owner of attempt n, claimed with a request sent at
+// claimed, and records its outcome. retry tells in-process followers (see
+// flights) that this outcome is not theirs to share: they should try the
+// key themselves.
+func (c *Client) own(ctx context.Context, key string, keys []string, token string, n int64, claimed time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, attemptKey{}, Attempt{Key: key, Number: n}))
 	defer cancel(nil)
-	stopRenew := c.renewWhile(fctx, rk, token, cancel)
+	stopRenew := c.renewWhile(fctx, keys, token, claimed, cancel)
 
 	var panicked bool
 	var pv any
@@ -511,21 +541,21 @@ func (c *Client) own(ctx context.Context, key, rk, token string, n int64, fn fun
 	stopRenew()
 
 	if panicked {
-		c.release(ctx, rk, token)
+		c.release(ctx, keys, token)
 		panic(pv)
 	}
 	if err != nil && !errors.As(err, new(*permanentError)) {
-		c.release(ctx, rk, token)
+		c.release(ctx, keys, token)
 		return nil, err, true
 	}
-	state, payload := byte('d'), res
+	state, payload := argDone, res
 	if err != nil {
-		state, payload = 'f', []byte(err.Error())
+		state, payload = argFailed, []byte(err.Error())
 	} else if len(res) > c.cfg.maxResultSize {
 		err = tooLarge(len(res), c.cfg.maxResultSize)
-		state, payload, res = 'f', []byte(err.Error()), nil
+		state, payload, res = argFailed, []byte(err.Error()), nil
 	}
-	if serr := c.complete(ctx, rk, token, state, payload); serr != nil {
+	if serr := c.complete(ctx, keys, token, state, payload); serr != nil {
 		if err != nil {
 			return res, errors.Join(serr, err), true
 		}
@@ -534,49 +564,58 @@ func (c *Client) own(ctx context.Context, key, rk, token string, n int64, fn fun
 	return res, err, false
 }
 
+// The outcome states of lua/complete.lua, boxed once.
+var argDone, argFailed any = "d", "f"
+
 // renewWhile renews the lease every third of it until the returned stop is
-// called, which waits for the renewer to end. If the lease is lost, or
-// cannot be renewed before it ends, fn's context is cancelled with a cause
-// wrapping ErrLeaseLost.
-func (c *Client) renewWhile(ctx context.Context, rk, token string, cancel context.CancelCauseFunc) (stop func()) {
+// called, which waits for the renewer to end. Most fns end before the first
+// renewal is due, so the renewer starts only then. If the lease is lost,
+// or cannot be renewed before it ends (counted from claimed, when the claim
+// was sent), fn's context is cancelled with a cause wrapping ErrLeaseLost.
+func (c *Client) renewWhile(ctx context.Context, keys []string, token string, claimed time.Time, cancel context.CancelCauseFunc) (stop func()) {
+	every := c.cfg.lease / 3
 	done := make(chan struct{})
 	finished := make(chan struct{})
-	go func() {
+	t := time.AfterFunc(every, func() {
 		defer close(finished)
-		every := c.cfg.lease / 3
-		t := time.NewTicker(every)
-		defer t.Stop()
-		lastOK := time.Now()
-		bg := context.WithoutCancel(ctx)
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			start := time.Now()
-			rctx, rcancel := context.WithTimeout(bg, every)
-			n, err := renewScript.Run(rctx, c.rdb, []string{rk}, token,
-				c.cfg.lease.Milliseconds(), c.cfg.retention.Milliseconds()).Int64()
-			rcancel()
-			switch {
-			case err == nil && n == 1:
-				lastOK = start
-			case err == nil:
-				cancel(fmt.Errorf("%w: another caller took over the key", ErrLeaseLost))
-				return
-			default:
-				c.cfg.logger.Warn("idem: lease renewal failed", "record", rk, "error", err)
-				if time.Since(lastOK) >= c.cfg.lease {
-					cancel(fmt.Errorf("%w: the lease could not be renewed: %w", ErrLeaseLost, err))
-					return
-				}
-			}
-		}
-	}()
+		c.renewLoop(ctx, keys[:1], token, claimed, every, cancel, done)
+	})
 	return func() {
+		if t.Stop() {
+			return // the renewer never started
+		}
 		close(done)
 		<-finished
+	}
+}
+
+func (c *Client) renewLoop(ctx context.Context, keys []string, token string, lastOK time.Time, every time.Duration, cancel context.CancelCauseFunc, done <-chan struct{}) {
+	bg := context.WithoutCancel(ctx)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		start := time.Now()
+		rctx, rcancel := context.WithTimeout(bg, every)
+		n, err := renewScript.Run(rctx, c.rdb, keys, token, c.leaseMs, c.retentionMs).Int64()
+		rcancel()
+		switch {
+		case err == nil && n == 1:
+			lastOK = start
+		case err == nil:
+			cancel(fmt.Errorf("%w: another caller took over the key", ErrLeaseLost))
+			return
+		default:
+			c.cfg.logger.Warn("idem: lease renewal failed", "record", keys[0], "error", err)
+			if time.Since(lastOK) >= c.cfg.lease {
+				cancel(fmt.Errorf("%w: the lease could not be renewed: %w", ErrLeaseLost, err))
+				return
+			}
+		}
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
 	}
 }
 
@@ -634,7 +673,7 @@ func (c *Client) Status(ctx context.Context, key string) (Status, error) {
 	if err := c.checkCall(ctx, key); err != nil {
 		return Status{}, err
 	}
-	v, err := statusScript.Run(ctx, c.rdb, []string{c.recordKey(key)}).Slice()
+	v, err := statusScript.Run(ctx, c.rdb, c.keys(key)[:1]).Slice()
 	if err != nil {
 		return Status{}, fmt.Errorf("idem: status of key %q: %w", key, err)
 	}
@@ -661,10 +700,16 @@ func parseStatus(key string, v []any) (Status, error) {
 	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
 		return bad("unexpected status reply")
 	}
+	switch {
+	case st == "" && (pttl != -2 || n != 0 || lu != 0):
+		return bad("inconsistent reply for an absent record")
+	case st == "":
+		return Status{}, nil
+	case pttl < -1 || n < 1 || lu < 0 || (lu != 0 && (st == "d" || st == "f")):
+		return bad("inconsistent status reply")
+	}
 	var s Status
 	switch st {
-	case "":
-		return Status{}, nil
 	case "p":
 		s.State = StateInProgress
 	case "d":
@@ -699,3 +744,6 @@ func (c *Client) Forget(ctx context.Context, key string) error {
 	}
 	return nil
 }
+
+// channelOf is the notification channel of a record key.
+func channelOf(recordKey string) string { return recordKey + doneSuffix }

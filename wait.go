@@ -21,7 +21,7 @@ const defaultFirstPoll = 25 * time.Millisecond
 // says when to claim again. retry reports an outcome that in-process
 // followers must not share (see flights).
 func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
-	rk := c.recordKey(key)
+	keys := c.keys(key)
 	token := newToken()
 	var (
 		w        *watcher
@@ -39,19 +39,20 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 		}
 	}()
 	for {
-		r, err := c.claim(ctx, rk, fp, token)
+		sent := time.Now()
+		r, err := c.claim(ctx, keys, fp, token)
 		if err != nil {
 			if mayHaveRun(err) || errors.Is(err, ErrNotReplicated) {
 				// The claim may have happened with its reply lost: give it
 				// back if it is ours. fn does not run.
-				c.release(ctx, rk, token)
+				c.release(ctx, keys, token)
 			}
 			return nil, fmt.Errorf("idem: claim key %q: %w", key, err), ctx.Err() != nil
 		}
 		switch r.kind {
 		case 'c':
 			if seen > 0 && r.n == 1 {
-				c.release(ctx, rk, token)
+				c.release(ctx, keys, token)
 				return nil, fmt.Errorf("%w: key %q: attempt %d was in progress; is the retention shorter than the operation?", ErrExpired, key, seen), false
 			}
 			if err := ctx.Err(); err != nil {
@@ -59,14 +60,14 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 				// applies a context's deadline to reads only with
 				// ContextTimeoutEnabled): give the claim back; fn does not
 				// start.
-				c.release(ctx, rk, token)
+				c.release(ctx, keys, token)
 				return nil, fmt.Errorf("idem: claim key %q: %w", key, err), true
 			}
 			if w != nil {
 				w.stop()
 				w = nil
 			}
-			return c.own(ctx, key, rk, token, r.n, fn)
+			return c.own(ctx, key, keys, token, r.n, sent, fn)
 		case 'd':
 			return []byte(r.payload), nil, false
 		case 'f':
@@ -86,7 +87,7 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 			return nil, fmt.Errorf("%w: key %q, attempt %d", ErrInProgress, key, r.n), false
 		}
 		if w == nil {
-			w = c.hub.watch(channelOf(rk))
+			w = c.hub.watch(keys[1])
 		}
 		d := min(jitter(pause), r.leaseLeft, deadline.Sub(now))
 		pause = min(2*pause, c.cfg.pollInterval)
@@ -224,6 +225,11 @@ type hub struct {
 
 	wg sync.WaitGroup // the groups' reader goroutines
 
+	// io orders the subscriber connections' writes. It is taken while h.mu
+	// is held, then h.mu is released, so writes go out in the order the
+	// maps changed without blocking notifications.
+	io sync.Mutex
+
 	// beforeSubscribe, when set (tests), runs between a waiter's claim and
 	// its subscribe: the gap where a missed notification would hide.
 	beforeSubscribe func(channel string)
@@ -267,8 +273,8 @@ func (h *hub) watch(ch string) *watcher {
 		}
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed || h.disabled {
+		h.mu.Unlock()
 		return w
 	}
 	if cs, ok := h.chans[ch]; ok {
@@ -276,34 +282,50 @@ func (h *hub) watch(ch string) *watcher {
 		if cs.confirmed {
 			w.notify()
 		}
+		h.mu.Unlock()
 		return w
 	}
-	ps := h.groups[shard]
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	var err error
-	switch {
-	case ps != nil && h.cluster != nil:
-		err = ps.SSubscribe(ctx, ch)
-	case ps != nil:
-		err = ps.Subscribe(ctx, ch)
-	case h.cluster != nil:
-		ps = h.cluster.SSubscribe(ctx, ch)
-		h.start(shard, ps)
-	default:
-		ps = h.rdb.Subscribe(ctx)
-		h.start(shard, ps)
-		err = ps.Subscribe(ctx, ch)
+	ps, started := h.groups[shard]
+	if !started {
+		// No I/O yet: in a cluster, the connection must go to the shard
+		// of the first channel, which the subscribe below names.
+		if h.cluster != nil {
+			ps = h.cluster.SSubscribe(context.Background())
+		} else {
+			ps = h.rdb.Subscribe(context.Background())
+		}
+		h.groups[shard] = ps
 	}
-	// On error the waiter still polls; go-redis resubscribes on reconnect.
-	_ = err
 	h.chans[ch] = &channelState{waiters: map[*watcher]struct{}{w: {}}, group: ps}
+	// Hand over to the I/O lock: subscribes and unsubscribes go out in the
+	// order the map changed, while notifications need only h.mu.
+	h.io.Lock()
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	// On error the waiter still polls; go-redis resubscribes on reconnect.
+	if h.cluster != nil {
+		_ = ps.SSubscribe(ctx, ch)
+	} else {
+		_ = ps.Subscribe(ctx, ch)
+	}
+	cancel()
+	h.io.Unlock()
+	if !started {
+		// After the first subscribe, which picked the connection's node;
+		// and without h.io, as start takes h.mu (the lock order is h.mu,
+		// then h.io).
+		h.start(ps)
+	}
 	return w
 }
 
-// start runs the reader of one subscriber connection. h.mu is held.
-func (h *hub) start(shard string, ps *redis.PubSub) {
-	h.groups[shard] = ps
+// start runs the reader of a new subscriber connection.
+func (h *hub) start(ps *redis.PubSub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return // close closed ps
+	}
 	msgs := ps.ChannelWithSubscriptions(redis.WithChannelSize(1024))
 	h.wg.Add(1)
 	go func() {
@@ -346,19 +368,22 @@ func (w *watcher) notify() {
 func (w *watcher) stop() {
 	h := w.h
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	cs, ok := h.chans[w.ch]
-	if !ok {
-		return
+	if ok {
+		delete(cs.waiters, w)
 	}
-	delete(cs.waiters, w)
-	if len(cs.waiters) > 0 {
+	if !ok || len(cs.waiters) > 0 || h.closed {
+		if ok && len(cs.waiters) == 0 {
+			delete(h.chans, w.ch)
+		}
+		h.mu.Unlock()
 		return
 	}
 	delete(h.chans, w.ch)
-	if h.closed {
-		return
-	}
+	h.io.Lock()
+	h.mu.Unlock()
+	defer h.io.Unlock()
+
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if h.cluster != nil {

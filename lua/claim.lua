@@ -11,28 +11,31 @@
 --   {"c", n, leaseLeftMs}  claimed: the caller owns attempt n. A repeat with
 --                          the same token (go-redis re-sends a script whose
 --                          reply was lost) answers the same.
---   {"d", result}          done: the stored result.
---   {"f", message}         failed: the stored permanent error.
+--   {"d", record, i}       done: the stored result is record's bytes after
+--                          position i (1-based): the caller cuts it out, so
+--                          a large result is not copied in Lua.
+--   {"f", record, i}       failed: likewise the stored permanent error.
 --   {"b", leaseLeftMs, n}  busy: another caller holds a live lease on attempt n.
 --   {"x"}                  conflict: the stored fingerprint differs.
 --   {"v", reason}          the record is not one this version understands.
 --
 -- Time is the server's (TIME), never the client's. Nothing is written
 -- unless the caller claims, and then in one HSET plus one PEXPIRE.
-local now = serverMs()
-local lease = tonumber(ARGV[3])
 local t = kind(KEYS[1])
-
 if t == 'string' then
-  local st, fp, _, _, payload = finished(redis.call('GET', KEYS[1]))
+  local s = redis.call('GET', KEYS[1])
+  local st, fp, _, _, i = finished(s)
   if not st then
     return {'v', fp}
   end
   if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then
     return {'x'}
   end
-  return {st, payload}
+  return {st, s, i}
 end
+
+local now = serverMs()
+local lease = tonumber(ARGV[3])
 if t == 'none' then
   redis.call('HSET', KEYS[1], 'v', '1', 'st', 'p', 'fp', ARGV[1],
     'own', ARGV[2], 'n', '1', 'lu', tostring(now + lease))
@@ -44,11 +47,11 @@ if t ~= 'hash' then
 end
 
 local r = redis.call('HMGET', KEYS[1], 'v', 'st', 'fp', 'own', 'n', 'lu')
-local v, st, fp, own, n, lu = r[1], r[2], r[3], r[4], tonumber(r[5]), tonumber(r[6])
+local v, st, fp, own, n, lu = r[1], r[2], r[3], r[4], count(r[5]), count(r[6])
 if v ~= '1' then
   return {'v', 'unknown record version ' .. tostring(v)}
 end
-if not n or not lu or not fp or (st ~= 'p' and st ~= 'r') then
+if not n or n < 1 or not lu or not fp or (st ~= 'p' and st ~= 'r') then
   return {'v', 'malformed record'}
 end
 if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then

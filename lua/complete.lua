@@ -29,6 +29,9 @@ local r = redis.call('HMGET', KEYS[1], 'own', 'st', 'fp', 'n')
 if r[1] ~= ARGV[1] or r[2] ~= 'p' or not r[3] or not tonumber(r[4]) then
   return 0
 end
+-- One write: Redis does not roll a script back, so a SET of the header and
+-- an APPEND of the payload could leave a header alone if the second failed
+-- (out of memory), a record "done" with an empty result.
 redis.call('SET', KEYS[1], '1' .. ARGV[2] .. string.char(#r[3]) .. r[3] ..
   string.char(#ARGV[1]) .. ARGV[1] .. r[4] .. ':' .. ARGV[3], 'PX', ARGV[4])
 if ARGV[5] ~= '' then

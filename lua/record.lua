@@ -13,8 +13,19 @@
 --   where st is "d" (payload is the result) or "f" (payload is the
 --   permanent error's message), and each len is one byte.
 
--- finished parses a finished record. It returns st, fp, own, n, payload,
--- or nil and the reason when s is not a record this version understands.
+-- count parses a decimal count of at most 15 digits ("1", "42"), exactly
+-- as written: tonumber alone would take "0x10", " 2", "1e3" and "1.5".
+local function count(s)
+  if type(s) ~= 'string' or not string.match(s, '^%d+$') or #s > 15 then
+    return nil
+  end
+  return tonumber(s)
+end
+
+-- finished parses a finished record. It returns st, fp, own, n and the
+-- position of the ":" before the payload (the payload itself is not copied:
+-- it may be large), or nil and the reason when s is not a record this
+-- version understands.
 local function finished(s)
   if string.sub(s, 1, 1) ~= '1' then
     return nil, 'unknown record version'
@@ -30,11 +41,11 @@ local function finished(s)
     return nil, 'malformed record'
   end
   local c = string.find(s, ':', p + 1 + ol, true)
-  local n = c and tonumber(string.sub(s, p + 1 + ol, c - 1))
-  if not n then
+  local n = c and count(string.sub(s, p + 1 + ol, c - 1))
+  if not n or n < 1 then
     return nil, 'malformed record'
   end
-  return st, string.sub(s, 4, 3 + fl), string.sub(s, p + 1, p + ol), n, string.sub(s, c + 1)
+  return st, string.sub(s, 4, 3 + fl), string.sub(s, p + 1, p + ol), n, c
 end
 
 -- kind returns the Redis type of the record: "none", "hash", "string", ...

@@ -23,12 +23,12 @@ end
 if t ~= 'hash' then
   return {'v', 'record is a ' .. t}
 end
-local r = redis.call('HMGET', KEYS[1], 'v', 'st', 'n', 'lu')
-local n, lu = tonumber(r[3]), tonumber(r[4])
+local r = redis.call('HMGET', KEYS[1], 'v', 'st', 'n', 'lu', 'fp')
+local n, lu = count(r[3]), count(r[4])
 if r[1] ~= '1' then
   return {'v', 'unknown record version ' .. tostring(r[1])}
 end
-if (r[2] ~= 'p' and r[2] ~= 'r') or not n or not lu then
+if (r[2] ~= 'p' and r[2] ~= 'r') or not n or n < 1 or not lu or not r[5] then
   return {'v', 'malformed record'}
 end
 return {now, pttl, r[2], n, lu}

@@ -1,0 +1,664 @@
+package idem_test
+
+// Benchmarks of Do, each beside a raw baseline in the same run: the least
+// a go-redis client of the same kind must send for the same path, as
+// minimal scripts. A new key is two EVALSHA (claim, complete); a replay or a
+// conflict is one. Names pair them for scripts/bench: BenchmarkX/.../idem
+// beside BenchmarkX/.../raw.
+//
+// The benchmarks run on a redis-server that they start when one is
+// installed, else on miniredis. They measure and report; they never assert
+// a timing.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// The raw baseline's scripts: as little as each step must do.
+var (
+	// rawClaim takes a key if nobody has: a small hash and its TTL.
+	rawClaim = redis.NewScript(`
+if redis.call('HSETNX', KEYS[1], 'own', ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'st', 'p')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1`)
+	// rawComplete stores a result and wakes whoever listens.
+	rawComplete = redis.NewScript(`
+redis.call('HSET', KEYS[1], 'st', 'd', 'res', ARGV[1])
+redis.call('PUBLISH', KEYS[2], 'd')
+return 1`)
+	// rawReplay returns a stored result.
+	rawReplay = redis.NewScript(`return redis.call('HGET', KEYS[1], 'res')`)
+	// rawConflict compares a stored fingerprint.
+	rawConflict = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'fp') ~= ARGV[1] then return 0 end
+return 1`)
+)
+
+const (
+	benchFingerprint = "account=42&amount=100"
+	benchRetention   = 24 * time.Hour // idem's default, for the raw TTL too
+	// flushBytes bounds the results that a new-key benchmark leaves in
+	// Redis before it deletes them, with the timer stopped.
+	flushBytes = 32 << 20
+)
+
+var resultSizes = []struct {
+	name string
+	n    int
+}{
+	{"100B", 100},
+	{"10KiB", 10 << 10},
+	{"1MiB", 1 << 20}, // the default WithMaxResultSize
+}
+
+var (
+	benchRuns    atomic.Int64 // makes the keys of every benchmark run unique
+	benchLogOnce sync.Once
+)
+
+// benchServer is the Redis a benchmark runs on.
+type benchServer struct {
+	addr string
+	real bool // a redis-server process, not miniredis in this process
+}
+
+// benchRedis returns the Redis a benchmark runs on: a redis-server started
+// for it (and stopped at its end) when one is installed or
+// IDEM_REQUIRE_REDIS=1, else miniredis.
+func benchRedis(b *testing.B) benchServer {
+	b.Helper()
+	_, err := exec.LookPath("redis-server")
+	if err == nil || os.Getenv(redistest.RequireEnv) == "1" {
+		addr := redistest.Start(b, redistest.Config{}).Addr()
+		benchLogOnce.Do(func() { b.Logf("benchmarks run on redis-server at %s", addr) })
+		return benchServer{addr: addr, real: true}
+	}
+	benchLogOnce.Do(func() { b.Logf("redis-server not found: benchmarks run on miniredis") })
+	return benchServer{addr: miniredis.RunT(b).Addr()}
+}
+
+// cpuMeter measures the CPU time per op of the benchmark's process
+// (cli-us/op, where /proc/self/stat tells it, at 10ms resolution) and of
+// the redis-server (srv-us/op, from INFO cpu): unlike ns/op, neither counts
+// the time spent waiting for the other, or for other programs on the
+// machine. With miniredis, the server's work is in cli-us/op.
+type cpuMeter struct {
+	b          *testing.B
+	info       *redis.Client // nil without a redis-server
+	cli0, srv0 time.Duration
+	cliOK      bool
+	srvOK      bool
+}
+
+func startCPU(b *testing.B, srv benchServer) *cpuMeter {
+	m := &cpuMeter{b: b}
+	if srv.real {
+		m.info = benchClient(b, srv.addr)
+	}
+	m.srv0, m.srvOK = m.serverCPU()
+	m.cli0, m.cliOK = processCPU()
+	return m
+}
+
+// stop reports the CPU per op since startCPU, over n ops.
+func (m *cpuMeter) stop(n int) {
+	cli, cliOK := processCPU()
+	srv, srvOK := m.serverCPU()
+	if n <= 0 {
+		return
+	}
+	perOp := func(d time.Duration) float64 { return float64(d) / float64(n) / float64(time.Microsecond) }
+	if cliOK && m.cliOK {
+		m.b.ReportMetric(perOp(cli-m.cli0), "cli-us/op")
+	}
+	if srvOK && m.srvOK {
+		m.b.ReportMetric(perOp(srv-m.srv0), "srv-us/op")
+	}
+}
+
+// serverCPU is the redis-server's CPU time so far (user and system).
+func (m *cpuMeter) serverCPU() (time.Duration, bool) {
+	if m.info == nil {
+		return 0, false
+	}
+	info, err := m.info.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		return 0, false
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_user" || k == "used_cpu_sys" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, false
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second)), true
+}
+
+// processCPU is this process's CPU time so far (user and system, all
+// threads), where /proc tells it.
+func processCPU() (time.Duration, bool) {
+	stat, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0, false
+	}
+	// The fields after the command, which is in parentheses: state is
+	// the first, utime the 12th and stime the 13th, in clock ticks
+	// (USER_HZ, 100 a second).
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, true
+}
+
+// benchClient returns a go-redis client with default options, closed when
+// the benchmark ends. idem and the raw baseline each get their own.
+func benchClient(b *testing.B, addr string) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	b.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+func benchIdem(b *testing.B, addr string, opts ...idem.Option) *idem.Client {
+	c := idem.New(benchClient(b, addr), opts...)
+	b.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func benchPayload(n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = 'a' + byte(i%26)
+	}
+	return p
+}
+
+// benchResultFn returns an fn that returns p.
+func benchResultFn(p []byte) func(context.Context) ([]byte, error) {
+	return func(context.Context) ([]byte, error) { return p, nil }
+}
+
+// rawKey is the raw baseline's record key, built as idem builds its own.
+func rawKey(key string) string { return "raw:{" + key + "}" }
+
+// benchKeys hands out the new keys of one benchmark run and deletes their
+// records once they hold flushBytes of results, and when the run ends, so
+// that large results do not pile up in Redis.
+type benchKeys struct {
+	b       *testing.B
+	rdb     *redis.Client
+	prefix  string
+	record  func(key string) string // the Redis key of a key's record
+	size    int                     // result bytes per record
+	n       atomic.Int64            // keys handed out
+	flushed int64                   // keys deleted, in order
+}
+
+func newBenchKeys(b *testing.B, rdb *redis.Client, record func(string) string, size int) *benchKeys {
+	ks := &benchKeys{b: b, rdb: rdb, record: record, size: size,
+		prefix: "b" + strconv.FormatInt(benchRuns.Add(1), 10) + ":"}
+	b.Cleanup(ks.flush)
+	return ks
+}
+
+// next returns a new key, in one allocation as a caller would.
+func (ks *benchKeys) next() string {
+	var buf [48]byte
+	return string(strconv.AppendInt(append(buf[:0], ks.prefix...), ks.n.Add(1)-1, 10))
+}
+
+// maybeFlush deletes the records so far, timer stopped, if they hold more
+// than flushBytes. Not for parallel use.
+func (ks *benchKeys) maybeFlush() {
+	if (ks.n.Load()-ks.flushed)*int64(ks.size) < flushBytes {
+		return
+	}
+	ks.b.StopTimer()
+	ks.flush()
+	ks.b.StartTimer()
+}
+
+func (ks *benchKeys) flush() {
+	n := ks.n.Load()
+	for ks.flushed < n {
+		end := min(ks.flushed+1000, n)
+		keys := make([]string, 0, end-ks.flushed)
+		for i := ks.flushed; i < end; i++ {
+			keys = append(keys, ks.record(ks.prefix+strconv.FormatInt(i, 10)))
+		}
+		if err := ks.rdb.Unlink(context.Background(), keys...).Err(); err != nil {
+			ks.b.Errorf("delete the benchmark's records: %v", err)
+			return
+		}
+		ks.flushed = end
+	}
+}
+
+// rawNewKey is the raw floor of a new key: two EVALSHA.
+func rawNewKey(ctx context.Context, rdb *redis.Client, key, token string, result []byte) error {
+	rk := rawKey(key)
+	won, err := rawClaim.Run(ctx, rdb, []string{rk}, token, benchRetention.Milliseconds()).Int64()
+	if err != nil {
+		return err
+	}
+	if won != 1 {
+		return fmt.Errorf("raw claim of %q: not won", key)
+	}
+	return rawComplete.Run(ctx, rdb, []string{rk, rk + ":done"}, result).Err()
+}
+
+const rawToken = "0123456789abcdef" // as long as idem's owner token
+
+func BenchmarkNewKey(b *testing.B) {
+	srv := benchRedis(b)
+	addr := srv.addr
+	ctx := context.Background()
+	for _, size := range resultSizes {
+		p := benchPayload(size.n)
+		b.Run(size.name+"/idem", func(b *testing.B) {
+			c := benchIdem(b, addr)
+			ks := newBenchKeys(b, benchClient(b, addr), func(k string) string { return idem.RecordKey(c, k) }, size.n)
+			fn := benchResultFn(p)
+			if _, err := c.Do(ctx, ks.next(), benchFingerprint, fn); err != nil { // caches the scripts
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			cpu := startCPU(b, srv)
+			for b.Loop() {
+				if _, err := c.Do(ctx, ks.next(), benchFingerprint, fn); err != nil {
+					b.Fatal(err)
+				}
+				ks.maybeFlush()
+			}
+			cpu.stop(b.N)
+		})
+		b.Run(size.name+"/raw", func(b *testing.B) {
+			rdb := benchClient(b, addr)
+			ks := newBenchKeys(b, rdb, rawKey, size.n)
+			if err := rawNewKey(ctx, rdb, ks.next(), rawToken, p); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			cpu := startCPU(b, srv)
+			for b.Loop() {
+				if err := rawNewKey(ctx, rdb, ks.next(), rawToken, p); err != nil {
+					b.Fatal(err)
+				}
+				ks.maybeFlush()
+			}
+			cpu.stop(b.N)
+		})
+	}
+}
+
+func BenchmarkReplay(b *testing.B) {
+	srv := benchRedis(b)
+	addr := srv.addr
+	ctx := context.Background()
+	for _, size := range resultSizes {
+		p := benchPayload(size.n)
+		key := fmt.Sprint("replay-", size.name)
+		b.Run(size.name+"/idem", func(b *testing.B) {
+			c := benchIdem(b, addr)
+			fn := benchResultFn(p)
+			if _, err := c.Do(ctx, key, benchFingerprint, fn); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			cpu := startCPU(b, srv)
+			for b.Loop() {
+				res, err := c.Do(ctx, key, benchFingerprint, fn)
+				if err != nil || len(res) != len(p) {
+					b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, len(p))
+				}
+			}
+			cpu.stop(b.N)
+		})
+		b.Run(size.name+"/raw", func(b *testing.B) {
+			rdb := benchClient(b, addr)
+			rk := []string{rawKey(key)}
+			if err := rawNewKey(ctx, rdb, key, rawToken, p); err != nil {
+				b.Fatal(err)
+			}
+			if err := rawReplay.Run(ctx, rdb, rk).Err(); err != nil { // caches the script
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			cpu := startCPU(b, srv)
+			for b.Loop() {
+				res, err := rawReplay.Run(ctx, rdb, rk).Text()
+				if err != nil || len(res) != len(p) {
+					b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, len(p))
+				}
+			}
+			cpu.stop(b.N)
+		})
+	}
+}
+
+func BenchmarkConflict(b *testing.B) {
+	srv := benchRedis(b)
+	addr := srv.addr
+	ctx := context.Background()
+	p := benchPayload(100)
+	b.Run("idem", func(b *testing.B) {
+		c := benchIdem(b, addr)
+		fn := benchResultFn(p)
+		if _, err := c.Do(ctx, "conflict", benchFingerprint, fn); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		cpu := startCPU(b, srv)
+		for b.Loop() {
+			if _, err := c.Do(ctx, "conflict", "other parameters", fn); !errors.Is(err, idem.ErrConflict) {
+				b.Fatalf("got %v, want ErrConflict", err)
+			}
+		}
+		cpu.stop(b.N)
+	})
+	b.Run("raw", func(b *testing.B) {
+		rdb := benchClient(b, addr)
+		rk := []string{rawKey("conflict")}
+		if err := rdb.HSet(ctx, rk[0], "fp", benchFingerprint, "res", p).Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := rawConflict.Run(ctx, rdb, rk, benchFingerprint).Err(); err != nil { // caches the script
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		cpu := startCPU(b, srv)
+		for b.Loop() {
+			if same, err := rawConflict.Run(ctx, rdb, rk, "other parameters").Int64(); err != nil || same != 0 {
+				b.Fatalf("got %d, %v; want 0", same, err)
+			}
+		}
+		cpu.stop(b.N)
+	})
+}
+
+// BenchmarkNewKeyParallel runs new keys with 100-byte results from 8
+// goroutines per CPU, as a busy service does.
+func BenchmarkNewKeyParallel(b *testing.B) {
+	srv := benchRedis(b)
+	addr := srv.addr
+	ctx := context.Background()
+	p := benchPayload(100)
+	const perCPU = 8
+	b.Run("idem", func(b *testing.B) {
+		c := benchIdem(b, addr)
+		ks := newBenchKeys(b, benchClient(b, addr), func(k string) string { return idem.RecordKey(c, k) }, len(p))
+		fn := benchResultFn(p)
+		if _, err := c.Do(ctx, ks.next(), benchFingerprint, fn); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.SetParallelism(perCPU)
+		cpu := startCPU(b, srv)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := c.Do(ctx, ks.next(), benchFingerprint, fn); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		cpu.stop(b.N)
+	})
+	b.Run("raw", func(b *testing.B) {
+		rdb := benchClient(b, addr)
+		ks := newBenchKeys(b, rdb, rawKey, len(p))
+		if err := rawNewKey(ctx, rdb, ks.next(), rawToken, p); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.SetParallelism(perCPU)
+		cpu := startCPU(b, srv)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := rawNewKey(ctx, rdb, ks.next(), rawToken, p); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		cpu.stop(b.N)
+	})
+}
+
+// BenchmarkHotKey sends each new key from 32 callers at once, half through
+// each of two Clients (two service instances); fn takes a millisecond, so
+// the duplicates wait and are woken. One op is one key, all 32 answered.
+//
+// The raw baseline is the same 32 callers each sending one claim EVALSHA;
+// the winner runs fn and sends the completion, and the others learn the
+// outcome in-process for free: a wake-up that costs nothing.
+func BenchmarkHotKey(b *testing.B) {
+	srv := benchRedis(b)
+	addr := srv.addr
+	ctx := context.Background()
+	p := benchPayload(100)
+	const (
+		callers = 32
+		work    = time.Millisecond
+	)
+	b.Run("idem", func(b *testing.B) {
+		cs := [2]*idem.Client{benchIdem(b, addr), benchIdem(b, addr)}
+		var runs atomic.Int64
+		fn := func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			time.Sleep(work)
+			return p, nil
+		}
+		prefix := fmt.Sprint("hot", benchRuns.Add(1), ":")
+		var keys int
+		one := func() {
+			key := prefix + strconv.Itoa(keys)
+			keys++
+			var wg sync.WaitGroup
+			for i := range callers {
+				wg.Go(func() {
+					if res, err := cs[i%2].Do(ctx, key, benchFingerprint, fn); err != nil || len(res) != len(p) {
+						b.Errorf("got %d bytes, %v; want %d bytes", len(res), err, len(p))
+					}
+				})
+			}
+			wg.Wait()
+		}
+		one()
+		b.ReportAllocs()
+		cpu := startCPU(b, srv)
+		for b.Loop() {
+			one()
+		}
+		cpu.stop(b.N)
+		if n := runs.Load(); n != int64(keys) {
+			b.Fatalf("fn ran %d times for %d keys", n, keys)
+		}
+	})
+	b.Run("raw", func(b *testing.B) {
+		rdbs := [2]*redis.Client{benchClient(b, addr), benchClient(b, addr)}
+		tokens := make([]string, callers)
+		for i := range tokens {
+			tokens[i] = fmt.Sprintf("%016d", i)
+		}
+		prefix := fmt.Sprint("hot", benchRuns.Add(1), ":")
+		var keys int
+		one := func() {
+			rk := rawKey(prefix + strconv.Itoa(keys))
+			keys++
+			done := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range callers {
+				wg.Go(func() {
+					rdb := rdbs[i%2]
+					won, err := rawClaim.Run(ctx, rdb, []string{rk}, tokens[i], benchRetention.Milliseconds()).Int64()
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if won == 0 {
+						<-done
+						return
+					}
+					defer close(done)
+					time.Sleep(work)
+					if err := rawComplete.Run(ctx, rdb, []string{rk, rk + ":done"}, p).Err(); err != nil {
+						b.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+		}
+		one()
+		b.ReportAllocs()
+		cpu := startCPU(b, srv)
+		for b.Loop() {
+			one()
+		}
+		cpu.stop(b.N)
+	})
+}
+
+// BenchmarkWakeup measures how soon waiters return after the owner's
+// outcome is recorded: from the owner's Do returning to each waiter's Do
+// returning, as p50 and p99 over all waiters of all rounds (ns/op, the
+// time of a whole round, is not reported). A round has 1,000 waiters on
+// one Client and their owners on another (two service instances, so the
+// wake-up goes through Redis): on one key, where one waiter asks Redis and
+// the rest share its wait in-process, or on 1,000 keys, one waiter each.
+// The owners complete together, 200ms after the waiters started waiting.
+// "pubsub" is the default; "poll" disables pub/sub on both Clients, so
+// waiters find the outcome by polling alone.
+func BenchmarkWakeup(b *testing.B) {
+	srv := benchRedis(b)
+	addr := srv.addr
+	const waiters = 1000
+	for _, keys := range []int{1, waiters} {
+		for _, mode := range []string{"pubsub", "poll"} {
+			name := fmt.Sprintf("%dkey/%s", keys, mode)
+			if keys > 1 {
+				name = fmt.Sprintf("%dkeys/%s", keys, mode)
+			}
+			b.Run(name, func(b *testing.B) {
+				owner := benchIdem(b, addr)
+				waiter, wctr := countedIdem(b, benchClient(b, addr), idem.WithWait(time.Minute))
+				if mode == "poll" {
+					idem.PollOnly(owner)
+					idem.PollOnly(waiter)
+				}
+				var lat []time.Duration
+				b.ReportAllocs()
+				for b.Loop() {
+					lat = append(lat, wakeRound(b, owner, waiter, wctr, keys, waiters, mode == "pubsub")...)
+				}
+				slices.Sort(lat)
+				pct := func(p float64) float64 {
+					return float64(lat[int(p*float64(len(lat)-1))]) / float64(time.Millisecond)
+				}
+				b.ReportMetric(pct(0.50), "p50-ms")
+				b.ReportMetric(pct(0.99), "p99-ms")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// wakeHold is how long the owners of a wake-up round hold their keys after
+// the waiters have started waiting: long enough that they wait as they do
+// in steady state, their polling backed off.
+const wakeHold = 200 * time.Millisecond
+
+// wakeRound runs one round of BenchmarkWakeup and returns each waiter's
+// latency.
+func wakeRound(b *testing.B, owner, waiter *idem.Client, wctr *cmdCounter, keys, waiters int, pubsub bool) []time.Duration {
+	ctx := context.Background()
+	prefix := fmt.Sprint("wake", benchRuns.Add(1), ":")
+	p := benchPayload(100)
+
+	release := make(chan struct{})
+	started := make(chan struct{}, keys)
+	ownerDone := make([]time.Time, keys)
+	var owners sync.WaitGroup
+	for k := range keys {
+		owners.Go(func() {
+			_, err := owner.Do(ctx, prefix+strconv.Itoa(k), benchFingerprint, func(context.Context) ([]byte, error) {
+				started <- struct{}{}
+				<-release
+				return p, nil
+			})
+			ownerDone[k] = time.Now()
+			if err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	for range keys {
+		<-started
+	}
+
+	before := wctr.snapshot()
+	returned := make([]time.Time, waiters)
+	var ws sync.WaitGroup
+	for i := range waiters {
+		ws.Go(func() {
+			res, err := waiter.Do(ctx, prefix+strconv.Itoa(i%keys), benchFingerprint, func(context.Context) ([]byte, error) {
+				return nil, errors.New("a waiter ran fn")
+			})
+			returned[i] = time.Now()
+			if err != nil || len(res) != len(p) {
+				b.Errorf("waiter: got %d bytes, %v; want the owner's %d", len(res), err, len(p))
+			}
+		})
+	}
+	// Every key's first waiter has seen its owner busy (and, with pub/sub,
+	// subscribed); the hold lets the others join and everyone settle.
+	eventually(b, time.Minute, "the waiters' claims", func() bool {
+		return wctr.snapshot().since(before).cmds["evalsha claim"] >= keys &&
+			(!pubsub || idem.Subscribed(waiter) == keys)
+	})
+	time.Sleep(wakeHold)
+	close(release)
+	owners.Wait()
+	ws.Wait()
+
+	lat := make([]time.Duration, waiters)
+	for i, t := range returned {
+		// A waiter can be woken by the notification before the owner has
+		// read the reply of its completion.
+		lat[i] = max(t.Sub(ownerDone[i%keys]), 0)
+	}
+	return lat
+}

@@ -410,7 +410,7 @@ func (c *Client) write(ctx context.Context, s script, keys []string, args ...any
 
 func parseClaim(v []any) (claimReply, error) {
 	bad := func() (claimReply, error) {
-		return claimReply{}, fmt.Errorf("%w: unexpected claim reply %q", ErrCorrupt, v)
+		return claimReply{}, fmt.Errorf("%w: unexpected claim reply %v", ErrCorrupt, v)
 	}
 	if len(v) == 0 {
 		return bad()

@@ -85,16 +85,21 @@ func WithRetention(d time.Duration) Option {
 	}
 }
 
+// maxLease is the longest lease: 2^40 ms (about 35 years), the most lease
+// left that parseClaim accepts in a claim reply.
+const maxLease = (1 << 40) * time.Millisecond
+
 // WithLease sets how long a claim holds the key without a heartbeat. While
 // fn runs, the lease is renewed every third of it; if the owner dies, the
 // key is taken over by the next caller once the lease has ended. Shorter
 // leases recover faster from crashes; longer ones tolerate longer pauses
-// (GC, network) of a live owner. It must be at least 10ms.
+// (GC, network) of a live owner. It must be at least 10ms and at most
+// about 35 years (2^40 ms).
 // The default is 30 seconds.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
-		if d < 10*time.Millisecond {
-			c.problem("WithLease(%v): must be at least 10ms", d)
+		if d < 10*time.Millisecond || d > maxLease {
+			c.problem("WithLease(%v): must be at least 10ms and at most %v", d, maxLease)
 			return
 		}
 		c.lease = d

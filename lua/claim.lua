@@ -51,7 +51,8 @@ local v, st, fp, own, n, lu = r[1], r[2], r[3], r[4], count(r[5]), count(r[6])
 if v ~= '1' then
   return {'v', 'unknown record version ' .. tostring(v)}
 end
-if not n or n < 1 or not lu or not fp or (st ~= 'p' and st ~= 'r') then
+-- fp is at most 255 bytes: the finished form gives it one length byte.
+if not n or n < 1 or not lu or not fp or #fp > 255 or (st ~= 'p' and st ~= 'r') then
   return {'v', 'malformed record'}
 end
 if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then

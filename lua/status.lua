@@ -28,7 +28,7 @@ local n, lu = count(r[3]), count(r[4])
 if r[1] ~= '1' then
   return {'v', 'unknown record version ' .. tostring(r[1])}
 end
-if (r[2] ~= 'p' and r[2] ~= 'r') or not n or n < 1 or not lu or not r[5] then
+if (r[2] ~= 'p' and r[2] ~= 'r') or not n or n < 1 or not lu or not r[5] or #r[5] > 255 then
   return {'v', 'malformed record'}
 end
 return {now, pttl, r[2], n, lu}

@@ -1,0 +1,848 @@
+package idem
+
+// Fuzz targets for what Do reads from Redis: the claim script's reply, the
+// status script's reply, a record's fields, and the mapping of keys to
+// Redis keys. The seeds (f.Add) run in every go test; fuzz with
+//
+//	go test -run='^$' -fuzz=FuzzClaimReply -fuzztime=60s .
+//
+// and likewise FuzzStatus, FuzzRecord and FuzzKey.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idem-go/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// A reply of Redis is fuzzed as bytes in this encoding:
+//
+//	reply := count(1 byte, mod 8) value*
+//	value := tag(1 byte, mod 7) ...
+//	  0 string: length(1 byte) bytes
+//	  1 int64: 8 bytes, big-endian
+//	  2 nil
+//	  3 array: count(1 byte, mod 8) value*   (nested at most 3 deep)
+//	  4 float64: 8 bytes (IEEE 754 bits)
+//	  5 bool: 1 byte
+//	  6 small int64: 1 byte, signed
+//
+// Missing bytes read as zero.
+type replyReader struct{ b []byte }
+
+func (r *replyReader) byte() byte {
+	if len(r.b) == 0 {
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+func (r *replyReader) u64() uint64 {
+	var buf [8]byte
+	n := copy(buf[:], r.b)
+	r.b = r.b[n:]
+	return binary.BigEndian.Uint64(buf[:])
+}
+
+func (r *replyReader) array(depth int) []any {
+	n := int(r.byte() % 8)
+	v := make([]any, 0, n)
+	for range n {
+		v = append(v, r.value(depth))
+	}
+	return v
+}
+
+func (r *replyReader) value(depth int) any {
+	switch r.byte() % 7 {
+	case 0:
+		n := int(r.byte())
+		n = min(n, len(r.b))
+		s := string(r.b[:n])
+		r.b = r.b[n:]
+		return s
+	case 1:
+		return int64(r.u64())
+	case 2:
+		return nil
+	case 3:
+		if depth >= 3 {
+			return nil
+		}
+		return r.array(depth + 1)
+	case 4:
+		return math.Float64frombits(r.u64())
+	case 5:
+		return r.byte()&1 == 1
+	default:
+		return int64(int8(r.byte()))
+	}
+}
+
+func decodeReply(b []byte) []any {
+	r := &replyReader{b: b}
+	return r.array(0)
+}
+
+// encodeReply is decodeReply's inverse for strings (up to 255 bytes),
+// int64s, nils and arrays: it makes the seeds.
+func encodeReply(v []any) []byte {
+	var b []byte
+	var enc func(v []any)
+	enc = func(v []any) {
+		b = append(b, byte(len(v)))
+		for _, x := range v {
+			switch x := x.(type) {
+			case string:
+				b = append(b, 0, byte(len(x)))
+				b = append(b, x...)
+			case int64:
+				b = append(b, 1)
+				b = binary.BigEndian.AppendUint64(b, uint64(x))
+			case nil:
+				b = append(b, 2)
+			case []any:
+				b = append(b, 3)
+				enc(x)
+			default:
+				panic(fmt.Sprintf("encodeReply: %T", x))
+			}
+		}
+	}
+	enc(v)
+	return b
+}
+
+func TestFuzzReplyEncoding(t *testing.T) {
+	for _, v := range [][]any{
+		{}, {"c", int64(1), int64(30000)}, {"d", ""}, {"x"}, {nil, int64(-1), []any{"a", []any{}}},
+	} {
+		if got := decodeReply(encodeReply(v)); !reflect.DeepEqual(got, v) {
+			t.Errorf("decodeReply(encodeReply(%#v)) = %#v", v, got)
+		}
+	}
+}
+
+// maxLeaseMs is the longest lease left, in milliseconds, that a claim
+// reply may carry: 2^40 ms, about 35 years (parseClaim's bound; a
+// time.Duration would hold up to 292 years).
+const maxLeaseMs = 1 << 40
+
+// wantClaim is the contract of lua/claim.lua's reply (see its header): what
+// parseClaim must accept, and how it must read it. Anything else is
+// malformed: an attempt number below 1 (attempts count from 1), a negative
+// lease, a busy lease with nothing left (busy means lu > now), a lease
+// longer than maxLeaseMs, wrong types or lengths.
+func wantClaim(v []any) (claimReply, bool) {
+	if len(v) == 0 {
+		return claimReply{}, false
+	}
+	kind, ok := v[0].(string)
+	if !ok || len(kind) != 1 {
+		return claimReply{}, false
+	}
+	r := claimReply{kind: kind[0]}
+	switch r.kind {
+	case 'c', 'b':
+		if len(v) != 3 {
+			return claimReply{}, false
+		}
+		a, ok1 := v[1].(int64)
+		b, ok2 := v[2].(int64)
+		if !ok1 || !ok2 {
+			return claimReply{}, false
+		}
+		n, lease := a, b
+		if r.kind == 'b' {
+			n, lease = b, a
+		}
+		if n < 1 || lease < 0 || lease > maxLeaseMs || (r.kind == 'b' && lease == 0) {
+			return claimReply{}, false
+		}
+		r.n, r.leaseLeft = n, time.Duration(lease)*time.Millisecond
+	case 'd', 'f':
+		// The whole finished record and the 1-based position of the ':'
+		// before the payload.
+		if len(v) != 3 {
+			return claimReply{}, false
+		}
+		s, ok1 := v[1].(string)
+		i, ok2 := v[2].(int64)
+		if !ok1 || !ok2 || i < 1 || i > int64(len(s)) || s[i-1] != ':' {
+			return claimReply{}, false
+		}
+		r.payload = s[i:]
+	case 'v':
+		if len(v) != 2 {
+			return claimReply{}, false
+		}
+		s, ok := v[1].(string)
+		if !ok {
+			return claimReply{}, false
+		}
+		r.payload = s
+	case 'x':
+		if len(v) != 1 {
+			return claimReply{}, false
+		}
+	default:
+		return claimReply{}, false
+	}
+	return r, true
+}
+
+func FuzzClaimReply(f *testing.F) {
+	// done and failed replies carry the whole finished record and the
+	// position of the ':' before the payload.
+	rec := func(st, payload string) []any {
+		s := finishedRecord("1", st, "fp", "owner", "12", payload)
+		return []any{st, s, int64(len(s) - len(payload))} // the 1-based position of the ':
+	}
+	for _, v := range [][]any{
+		{"c", int64(1), int64(30000)},
+		{"c", int64(7), int64(0)},
+		{"b", int64(1500), int64(2)},
+		rec("d", "result bytes"),
+		rec("d", ""),
+		rec("d", "a:b"),
+		rec("f", "card declined"),
+		{"x"},
+		{"v", "malformed record"},
+		// Malformed.
+		{},
+		{"c"},
+		{"c", int64(1)},
+		{"c", "1", int64(30000)},
+		{"c", int64(0), int64(30000)},
+		{"c", int64(-3), int64(30000)},
+		{"c", int64(1), int64(-1)},
+		{"b", int64(-1), int64(1)},
+		{"b", int64(10), int64(0)},
+		{"c", int64(1), int64(math.MaxInt64)},
+		{"c", int64(1), int64(maxLeaseMs)},
+		{"c", int64(1), int64(maxLeaseMs + 1)},
+		{"b", int64(maxLeaseMs), int64(3)},
+		{"d"},
+		{"d", "1d\x00\x00" + "1:x"},
+		{"d", "1d\x00\x001:x", int64(0)},
+		{"d", "1d\x00\x001:x", int64(6)},
+		{"d", "1d\x00\x001:x", int64(7)},
+		{"d", "1d\x00\x001:x", int64(8)},
+		{"d", "1d\x00\x001:x", int64(-1)},
+		{"d", "1d\x00\x001:x", "6"},
+		{"d", int64(5), int64(1)},
+		{"d", nil, int64(1)},
+		{"v"},
+		{"v", int64(1)},
+		{"x", "extra"},
+		{"cc", int64(1), int64(1)},
+		{"z", "?"},
+		{nil},
+		{[]any{"c"}, int64(1), int64(1)},
+	} {
+		f.Add(encodeReply(v))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		v := decodeReply(data)
+		got, err := parseClaim(v)
+		want, ok := wantClaim(v)
+		switch {
+		case !ok && err == nil:
+			t.Fatalf("parseClaim(%#v) accepted a malformed reply: %+v", v, got)
+		case !ok && !errors.Is(err, ErrCorrupt):
+			t.Fatalf("parseClaim(%#v): error %v does not wrap ErrCorrupt", v, err)
+		case ok && err != nil:
+			t.Fatalf("parseClaim(%#v): %v, want %+v", v, err, want)
+		case ok && got != want:
+			t.Fatalf("parseClaim(%#v) = %+v, want %+v", v, got, want)
+		}
+	})
+}
+
+// TestLongestLease: every lease that New accepts must come back in a claim
+// reply that parseClaim accepts, or Do could never run fn.
+func TestLongestLease(t *testing.T) {
+	for _, d := range []time.Duration{30 * time.Second, 24 * time.Hour, 10 * 365 * 24 * time.Hour, 100 * 365 * 24 * time.Hour} {
+		cfg := defaultConfig()
+		WithLease(d)(&cfg)
+		WithRetention(2 * d)(&cfg)
+		if cfg.validate() != nil {
+			continue // New refuses it
+		}
+		if _, err := parseClaim([]any{"c", int64(1), d.Milliseconds()}); err != nil {
+			t.Errorf("WithLease(%v) is accepted, but its claim reply is not: %v", d, err)
+		}
+	}
+}
+
+// recordInt parses an integer field of a record (an attempt number, a
+// lease end) as lua/record.lua's count does: 1 to 15 decimal digits and
+// nothing else (no sign, space, fraction, exponent or hex), so exact in
+// Lua's doubles. Anything else is a damaged record.
+func recordInt(s string) (int64, bool) {
+	if len(s) < 1 || len(s) > 15 || strings.Trim(s, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}
+
+// wantStatus is the contract of lua/status.lua's reply (see its header):
+// what parseStatus must accept, and how it must read it. A reply is
+// {nowMs, pttlMs, st, n, lu}: absent ("", PTTL -2, n and lu 0), in progress
+// or released ("p", "r": attempt n of at least 1, lease end lu of at least
+// 0), done or failed ("d", "f": attempt n of at least 1, lu 0), and a
+// present record has PTTL -1 or at least 0. {"v", reason} and everything
+// else is ErrCorrupt.
+func wantStatus(v []any) (Status, bool) {
+	if len(v) != 5 {
+		return Status{}, false
+	}
+	now, ok1 := v[0].(int64)
+	pttl, ok2 := v[1].(int64)
+	st, ok3 := v[2].(string)
+	n, ok4 := v[3].(int64)
+	lu, ok5 := v[4].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+		return Status{}, false
+	}
+	var s Status
+	switch st {
+	case "":
+		return Status{}, pttl == -2 && n == 0 && lu == 0
+	case "p":
+		s.State = StateInProgress
+	case "r":
+		s.State = StateReleased
+	case "d":
+		s.State = StateDone
+	case "f":
+		s.State = StateFailed
+	default:
+		return Status{}, false
+	}
+	if n < 1 || lu < 0 || pttl < -1 || ((st == "d" || st == "f") && lu != 0) {
+		return Status{}, false
+	}
+	s.Attempt = n
+	if lu > 0 {
+		s.LeaseEnds = time.UnixMilli(lu)
+	}
+	if pttl >= 0 {
+		s.Expires = time.UnixMilli(now + pttl)
+	}
+	return s, true
+}
+
+func FuzzStatus(f *testing.F) {
+	const now = int64(1700000000000)
+	for _, v := range [][]any{
+		{now, int64(-2), "", int64(0), int64(0)},
+		{now, int64(86400000), "p", int64(1), now + 30000},
+		{now, int64(86400000), "r", int64(3), now - 1},
+		{now, int64(86400000), "d", int64(2), int64(0)},
+		{now, int64(-1), "f", int64(1), int64(0)},
+		// Malformed.
+		{"v", "malformed record"},
+		{"v", "unknown record version"},
+		{"v"},
+		{now, int64(5000), "?", int64(1), int64(0)},
+		{now, int64(5000), "", int64(0), int64(0)},
+		{now, int64(-2), "", int64(4), int64(0)},
+		{now, int64(5000), "r", int64(0), int64(0)},
+		{now, int64(5000), "r", int64(-1), int64(0)},
+		{now, int64(5000), "p", int64(1), int64(-5)},
+		{now, int64(5000), "d", int64(1), now},
+		{now, int64(-7), "d", int64(1), int64(0)},
+		{"now", int64(5000), "d", int64(1), int64(0)},
+		{now, "ttl", "d", int64(1), int64(0)},
+		{now, int64(5000), "d", "1", int64(0)},
+		{now, int64(5000), "d", int64(1), nil},
+		{now, int64(5000), nil, int64(1), int64(0)},
+		{now, int64(5000), "d", int64(1)},
+		{},
+	} {
+		f.Add("k", encodeReply(v))
+	}
+	f.Fuzz(func(t *testing.T, key string, data []byte) {
+		v := decodeReply(data)
+		got, err := parseStatus(key, v)
+		want, ok := wantStatus(v)
+		switch {
+		case !ok && err == nil:
+			t.Fatalf("parseStatus(%#v) accepted a malformed reply: %+v", v, got)
+		case !ok && !errors.Is(err, ErrCorrupt):
+			t.Fatalf("parseStatus(%#v): error %v does not wrap ErrCorrupt", v, err)
+		case ok && err != nil:
+			t.Fatalf("parseStatus(%#v): %v, want %+v", v, err, want)
+		case ok && got != want:
+			t.Fatalf("parseStatus(%#v) = %+v, want %+v", v, got, want)
+		}
+	})
+}
+
+// Forms of the record FuzzRecord writes, by its form argument (mod 4).
+const (
+	formHash   = iota // the in-progress form: a hash of the fields given
+	formString        // the finished form, built from the fields given
+	formRaw           // a string of arbitrary bytes (the payload argument)
+	formList          // not a record at all: a list
+)
+
+// The fields of the hash form, in the order FuzzRecord takes them; bit i
+// of its present mask says whether field i is written.
+var recordFields = []string{"v", "st", "fp", "own", "n", "lu"}
+
+// Ways FuzzRecord calls Do, by its mode argument (mod 3).
+const (
+	modeNoFingerprint = iota // Do with the empty fingerprint: not checked
+	modeFieldAsIs            // Do with fingerprint "fp"; the record's fp is the fuzzed bytes
+	modeMatching             // Do with fingerprint "fp"; the record's fp is its digest
+)
+
+// maxExactAttempt bounds the attempt numbers after which FuzzRecord checks
+// the outcome exactly: Lua's tostring writes numbers from 10^14 on with
+// an exponent, which a record cannot hold (a damage the scripts would
+// cause themselves after 10^14 attempts).
+const maxExactAttempt = 1e13
+
+// finishedRecord builds the finished form (lua/record.lua):
+// "1" st len(fp) fp len(own) own n ":" payload, with v in place of "1".
+func finishedRecord(v, st, fp, own, n, payload string) string {
+	fp, own = fp[:min(len(fp), 255)], own[:min(len(own), 255)]
+	return v + st + string([]byte{byte(len(fp))}) + fp +
+		string([]byte{byte(len(own))}) + own + n + ":" + payload
+}
+
+// fuzzRecord is the meaning of a record, by the data model of
+// lua/record.lua, read independently of the scripts.
+type fuzzRecord struct {
+	raw       string // what was written, for messages
+	absent    bool
+	malformed string // why, if it is
+	st        string // p, r, d, f
+	fp        string
+	n         int64  // attempt number
+	lu        int64  // lease end (hash form)
+	payload   string // result or message (finished form)
+}
+
+// readHash reads the hash form: v "1", st "p" or "r", fp present and at
+// most 255 bytes (what the finished form holds), n a
+// record integer (recordInt) of at least 1, lu a record integer.
+func readHash(fields map[string]string) fuzzRecord {
+	has := func(name string) bool { _, ok := fields[name]; return ok }
+	r := fuzzRecord{st: fields["st"], fp: fields["fp"]}
+	var nOK, luOK bool
+	r.n, nOK = recordInt(fields["n"])
+	r.lu, luOK = recordInt(fields["lu"])
+	switch {
+	case len(fields) == 0:
+		return fuzzRecord{absent: true}
+	case fields["v"] != "1":
+		r.malformed = "version"
+	case r.st != "p" && r.st != "r":
+		r.malformed = "state"
+	case !has("fp"):
+		r.malformed = "no fp"
+	case len(r.fp) > 255:
+		// The finished form gives fp one length byte: such a record could
+		// not be completed.
+		r.malformed = "fp longer than 255 bytes"
+	case !nOK || r.n < 1:
+		r.malformed = "attempt"
+	case !luOK:
+		r.malformed = "lease end"
+	}
+	return r
+}
+
+// readString reads the finished form: "1" st len(fp) fp len(own) own n ":"
+// payload, with st "d" or "f", both lengths within the string, and n a
+// record integer (recordInt) of at least 1.
+func readString(s string) fuzzRecord {
+	bad := func(why string) fuzzRecord { return fuzzRecord{malformed: why} }
+	if len(s) < 3 || s[0] != '1' {
+		return bad("version or too short")
+	}
+	r := fuzzRecord{st: s[1:2]}
+	if r.st != "d" && r.st != "f" {
+		return bad("state")
+	}
+	rest := s[2:]
+	fl := int(rest[0])
+	if len(rest) < 1+fl+1 {
+		return bad("fp length")
+	}
+	r.fp, rest = rest[1:1+fl], rest[1+fl:]
+	ol := int(rest[0])
+	if len(rest) < 1+ol {
+		return bad("own length")
+	}
+	rest = rest[1+ol:]
+	ns, payload, ok := strings.Cut(rest, ":")
+	if !ok {
+		return bad("no ':'")
+	}
+	n, ok := recordInt(ns)
+	if !ok || n < 1 {
+		return bad("attempt")
+	}
+	r.n, r.payload = n, payload
+	return r
+}
+
+// recordSeed is one case of FuzzRecord.
+type recordSeed struct {
+	form                           uint8
+	v, st, fp, own, n, lu, payload string
+	present, mode                  uint8
+}
+
+// recordSeeds are FuzzRecord's seeds, also run on a real redis-server by
+// TestFuzzRecordSeedsOnRedis.
+func recordSeeds() []recordSeed {
+	const hashAll = 0x3f
+	lu := func(d time.Duration) string { return strconv.FormatInt(time.Now().Add(d).UnixMilli(), 10) }
+	return []recordSeed{
+		{formHash, "1", "r", "", "", "1", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", "41", "0", "", hashAll, modeMatching},
+		{formHash, "1", "p", "", "dead-owner", "3", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "p", "", "", "3", "0", "", hashAll &^ (1 << 3), modeNoFingerprint},
+		{formHash, "1", "p", "", "live-owner", "1", lu(time.Hour), "", hashAll, modeMatching},
+		{formHash, "1", "r", "other", "", "1", "0", "", hashAll, modeFieldAsIs},
+		{formHash, "1", "r", "", "", "007", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", "123456789012345", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "", "", "", "", "", "", "", 0, modeMatching},
+		{formString, "1", "d", "", "owner", "1", "", "stored", 0, modeNoFingerprint},
+		{formString, "1", "d", "", "owner", "2", "", "", 0, modeMatching},
+		{formString, "1", "d", "", "owner", "7", "", "a:b:c", 0, modeMatching},
+		{formString, "1", "f", "", "owner", "2", "", "declined", 0, modeFieldAsIs},
+		{formString, "1", "d", "other", "owner", "1", "", "x", 0, modeFieldAsIs},
+		{formRaw, "", "", "", "", "", "", "1d\x00\x001:stored", 0, modeNoFingerprint},
+		// Malformed.
+		{formHash, "", "r", "", "", "1", "0", "", hashAll &^ 1, modeNoFingerprint},
+		{formHash, "9", "r", "", "", "1", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "d", "", "", "1", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "?", "", "", "1", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "", "", "", "1", "0", "", hashAll &^ (1 << 1), modeNoFingerprint},
+		{formHash, "1", "r", "", "", "1", "0", "", hashAll &^ (1 << 2), modeNoFingerprint},
+		{formHash, "1", "r", "", "", "x", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", "1", "later", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", "", "0", "", hashAll &^ (1 << 4), modeNoFingerprint},
+		{formHash, "1", "r", "", "", "1", "", "", hashAll &^ (1 << 5), modeNoFingerprint},
+		{formHash, "1", "r", "", "", "0", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", "-1", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", "1.5", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", "0x10", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", " 2", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", "99999999999999999999", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", "", "", "1234567890123456", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "p", "", "", "2", "1e3", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "p", strings.Repeat("f", 256), "dead-owner", "3", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "r", strings.Repeat("f", 300), "", "1", "0", "", hashAll, modeFieldAsIs},
+		{formString, "2", "d", "", "owner", "1", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "owner", "1", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "d", "", "owner", "", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "d", "", "owner", "0", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "d", "", "owner", "-4", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "d", "", "owner", "0x1", "", "x", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1d", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1d\x05ab", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1d\x00\x09own:1:x", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "garbage", 0, modeNoFingerprint},
+		{formList, "", "", "", "", "", "", "x", 0, modeNoFingerprint},
+	}
+}
+
+// recordEnv is where FuzzRecord writes its records.
+type recordEnv struct {
+	rdb       *redis.Client
+	c         *Client
+	miniredis bool
+	seq       atomic.Int64
+}
+
+func newRecordEnv(tb testing.TB, real bool) *recordEnv {
+	var addr string
+	if real {
+		addr = redistest.Start(tb, redistest.Config{}).Addr()
+	} else {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.Start(); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(mr.Close)
+		addr = mr.Addr()
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	tb.Cleanup(func() { _ = rdb.Close() })
+	c := New(rdb, WithWait(0), WithStoreTimeout(time.Second))
+	tb.Cleanup(func() { _ = c.Close() })
+	return &recordEnv{rdb: rdb, c: c, miniredis: !real}
+}
+
+// FuzzRecord writes an arbitrary record and runs Do on it: on miniredis,
+// or on a real redis-server when IDEM_FUZZ_REDIS=1. Do must never panic,
+// and must do what the record calls for:
+//
+//   - malformed (see readHash and readString), or not a record at all:
+//     ErrCorrupt, fn not run, and Status fails too;
+//   - another fingerprint: ErrConflict, fn not run;
+//   - done: the stored result; failed: a *StoredError with the message;
+//   - in progress with a live lease: ErrInProgress (Do does not wait here);
+//   - released, in progress with an ended lease, or absent: fn runs, as
+//     attempt n+1 (1 when absent), and the record is then done with it.
+//
+// Status must agree with Do: it fails on a malformed record, and otherwise
+// reports the state and attempt that Do left.
+func FuzzRecord(f *testing.F) {
+	for _, s := range recordSeeds() {
+		f.Add(s.form, s.v, s.st, s.fp, s.own, s.n, s.lu, s.payload, s.present, s.mode)
+	}
+	env := newRecordEnv(f, os.Getenv("IDEM_FUZZ_REDIS") == "1")
+	f.Fuzz(func(t *testing.T, form uint8, v, st, fp, own, n, lu, payload string, present, mode uint8) {
+		env.check(t, recordSeed{form, v, st, fp, own, n, lu, payload, present, mode})
+	})
+}
+
+// TestFuzzRecordSeedsOnRedis runs FuzzRecord's seeds on a real redis-server,
+// whose Lua is not miniredis's.
+func TestFuzzRecordSeedsOnRedis(t *testing.T) {
+	env := newRecordEnv(t, true)
+	for i, s := range recordSeeds() {
+		t.Run(strconv.Itoa(i), func(t *testing.T) { env.check(t, s) })
+	}
+}
+
+func (env *recordEnv) check(t *testing.T, s recordSeed) {
+	ctx := context.Background()
+	rdb, c := env.rdb, env.c
+	key := fmt.Sprintf("fuzz-%d", env.seq.Add(1))
+	rk := c.recordKey(key)
+	defer rdb.Del(ctx, rk)
+	form, mode, fp := s.form%4, s.mode%3, s.fp
+	callFP := "fp"
+	if mode == modeNoFingerprint {
+		callFP = ""
+	}
+	if mode == modeMatching {
+		fp = digest(callFP)
+	}
+
+	var rec fuzzRecord
+	var err error
+	switch form {
+	case formHash:
+		values := []string{s.v, s.st, fp, s.own, s.n, s.lu}
+		var args []any
+		fields := map[string]string{}
+		for i, name := range recordFields {
+			if s.present&(1<<i) != 0 {
+				args = append(args, name, values[i])
+				fields[name] = values[i]
+			}
+		}
+		if len(args) > 0 {
+			err = rdb.HSet(ctx, rk, args...).Err()
+		}
+		rec = readHash(fields)
+		var fs []string
+		for _, name := range recordFields {
+			if v, ok := fields[name]; ok {
+				fs = append(fs, name+"="+short(v))
+			}
+		}
+		rec.raw = "hash {" + strings.Join(fs, " ") + "}"
+	case formString:
+		str := finishedRecord(s.v, s.st, fp, s.own, s.n, s.payload)
+		err = rdb.Set(ctx, rk, str, time.Hour).Err()
+		rec = readString(str)
+		rec.raw = "string " + short(str)
+	case formRaw:
+		err = rdb.Set(ctx, rk, s.payload, time.Hour).Err()
+		rec = readString(s.payload)
+		rec.raw = "string " + short(s.payload)
+	case formList:
+		err = rdb.RPush(ctx, rk, s.payload).Err()
+		rec = fuzzRecord{malformed: "a list", raw: "list [" + short(s.payload) + "]"}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	conflict := !rec.absent && rec.malformed == "" && callFP != "" && rec.fp != "" && rec.fp != digest(callFP)
+
+	before := time.Now().UnixMilli()
+	var ran []int64
+	got, err := c.Do(ctx, key, callFP, func(ctx context.Context) ([]byte, error) {
+		a, _ := AttemptFrom(ctx)
+		ran = append(ran, a.Number)
+		return []byte("ran"), nil
+	})
+	after := time.Now().UnixMilli()
+	status, serr := c.Status(ctx, key)
+
+	verdict := fmt.Sprintf("state %q, attempt %d, lease end %d, fp %s", rec.st, rec.n, rec.lu, short(rec.fp))
+	switch {
+	case rec.absent:
+		verdict = "absent"
+	case rec.malformed != "":
+		verdict = "malformed: " + rec.malformed
+	}
+	desc := fmt.Sprintf("%s (%s), Do with fingerprint %q", rec.raw, verdict, callFP)
+	if len(ran) > 1 {
+		t.Fatalf("%s: fn ran %d times", desc, len(ran))
+	}
+	switch {
+	case rec.malformed != "":
+		if len(ran) == 0 && env.miniredis && err != nil && strings.Contains(err.Error(), "slice bounds out of range") {
+			// miniredis's Lua (gopher-lua) fails where Redis's string.find
+			// returns nil, for a start past the end of the string: an
+			// error all the same, and fn did not run.
+			return
+		}
+		if len(ran) > 0 || !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("%s: malformed record: Do gave (%q, %v) and ran fn %v; want ErrCorrupt and fn not run", desc, got, err, ran)
+		}
+		if serr == nil {
+			t.Fatalf("%s: malformed record: Status gave %+v, want an error", desc, status)
+		}
+		return
+	case conflict:
+		if len(ran) > 0 || !errors.Is(err, ErrConflict) {
+			t.Fatalf("%s: Do gave (%q, %v), ran fn %v; want ErrConflict", desc, got, err, ran)
+		}
+	case rec.st == "d":
+		if len(ran) > 0 || err != nil || string(got) != rec.payload {
+			t.Fatalf("%s: Do gave (%q, %v), ran fn %v; want the stored result", desc, got, err, ran)
+		}
+	case rec.st == "f":
+		var se *StoredError
+		if len(ran) > 0 || !errors.As(err, &se) || se.Message != rec.payload {
+			t.Fatalf("%s: Do gave (%q, %v), ran fn %v; want the stored error", desc, got, err, ran)
+		}
+	case rec.st == "p" && rec.lu > before-1000 && rec.lu <= after+1000:
+		// The lease ends about now: either answer is right.
+		if len(ran) == 0 && !errors.Is(err, ErrInProgress) {
+			t.Fatalf("%s: Do gave (%q, %v); want fn to run or ErrInProgress", desc, got, err)
+		}
+		return
+	case rec.st == "p" && rec.lu > after:
+		if len(ran) > 0 || !errors.Is(err, ErrInProgress) {
+			t.Fatalf("%s: live lease: Do gave (%q, %v), ran fn %v; want ErrInProgress", desc, got, err, ran)
+		}
+	case rec.n >= maxExactAttempt:
+		return
+	default: // absent, released, or a lease that ended
+		want := rec.n + 1
+		if len(ran) != 1 || err != nil || string(got) != "ran" {
+			t.Fatalf("%s: claimable: Do gave (%q, %v), ran fn %v; want fn to run", desc, got, err, ran)
+		}
+		if ran[0] != want {
+			t.Fatalf("%s: fn ran as attempt %d, want %d", desc, ran[0], want)
+		}
+		if serr != nil || status.State != StateDone || status.Attempt != want {
+			t.Fatalf("%s: after fn ran: Status %+v, %v; want done, attempt %d", desc, status, serr, want)
+		}
+		return
+	}
+	// fn did not run: the record is as it was.
+	wantState := map[string]State{"p": StateInProgress, "r": StateReleased, "d": StateDone, "f": StateFailed}[rec.st]
+	if serr != nil || status.State != wantState || status.Attempt != rec.n {
+		t.Fatalf("%s: Status %+v, %v; want %v, attempt %d", desc, status, serr, wantState, rec.n)
+	}
+}
+
+// short quotes s for a message, cut to its first 40 bytes.
+func short(s string) string {
+	if len(s) <= 40 {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%q…(%d bytes)", s[:40], len(s))
+}
+
+// FuzzKey checks the mapping of keys to Redis keys: different keys get
+// different records, and a record and its channel share one non-empty hash
+// tag (the part Redis Cluster hashes), whatever bytes the key holds, so
+// they are always in one slot.
+func FuzzKey(f *testing.F) {
+	for _, s := range [][3]string{
+		{"idem", "a", "b"},
+		{"idem", "order-1", "order-1"},
+		{"idem", "}", `\c`},
+		{"idem", `\`, `\\`},
+		{"idem", "{x}", "x"},
+		{"idem", "a}b", `a\cb`},
+		{"p", "\x00\xff", "\x00"},
+		{"svc:v2", "{", "}{"},
+		{"idem", "", "a"},
+	} {
+		f.Add(s[0], s[1], s[2])
+	}
+	// checkCall needs a Redis client, not a connection: none is made.
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	f.Cleanup(func() { _ = rdb.Close() })
+	f.Fuzz(func(t *testing.T, prefix, a, b string) {
+		var cfg config
+		WithPrefix(prefix)(&cfg)
+		if len(cfg.problems) > 0 {
+			return // New refuses the prefix
+		}
+		c := &Client{rdb: rdb, cfg: defaultConfig()}
+		c.cfg.prefix = prefix
+		ra, rb := RecordKey(c, a), RecordKey(c, b)
+		if (ra == rb) != (a == b) {
+			t.Fatalf("prefix %q: recordKey(%q) = %q, recordKey(%q) = %q", prefix, a, ra, b, rb)
+		}
+		for _, key := range []string{a, b} {
+			if key == "" {
+				if err := c.checkCall(context.Background(), key); !errors.Is(err, ErrInvalidKey) {
+					t.Fatalf("the empty key: %v, want ErrInvalidKey", err)
+				}
+				continue
+			}
+			rk := RecordKey(c, key)
+			tag, ok := clusterHashTag(rk)
+			if !ok {
+				t.Fatalf("prefix %q, key %q: record key %q has no non-empty hash tag", prefix, key, rk)
+			}
+			ch := ChannelKey(c, key)
+			if ctag, ok := clusterHashTag(ch); !ok || ctag != tag {
+				t.Fatalf("prefix %q, key %q: record %q has tag %q, channel %q has %q", prefix, key, rk, tag, ch, ctag)
+			}
+			if !strings.HasPrefix(rk, prefix+":") {
+				t.Fatalf("prefix %q, key %q: record key %q does not start with the prefix", prefix, key, rk)
+			}
+		}
+	})
+}
+
+// clusterHashTag returns what Redis Cluster hashes of key when it has a
+// hash tag: the bytes between the first '{' and the first '}' after it,
+// if there are any.
+func clusterHashTag(key string) (string, bool) {
+	i := strings.IndexByte(key, '{')
+	if i < 0 {
+		return "", false
+	}
+	j := strings.IndexByte(key[i+1:], '}')
+	if j <= 0 {
+		return "", false
+	}
+	return key[i+1 : i+1+j], true
+}

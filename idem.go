@@ -744,6 +744,3 @@ func (c *Client) Forget(ctx context.Context, key string) error {
 	}
 	return nil
 }
-
-// channelOf is the notification channel of a record key.
-func channelOf(recordKey string) string { return recordKey + doneSuffix }

@@ -2,17 +2,14 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -210,13 +207,9 @@ func TestPeakBytes(t *testing.T) {
 // more than anyone else's.
 func TestRealRedis(t *testing.T) {
 	t.Parallel()
-	path, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server is not installed")
-	}
-	addr := startRedis(t, path)
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
+	srv := redistest.Start(t, redistest.Config{}) // skips without redis-server, unless IDEM_REQUIRE_REDIS=1
+	addr := srv.Addr()
+	rdb := srv.Client(t)
 	ctx := context.Background()
 	if err := rdb.Set(ctx, "someone-else", "keep me", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -244,43 +237,5 @@ func TestRealRedis(t *testing.T) {
 	}
 	if !slices.Equal(keys, []string{"someone-else"}) {
 		t.Errorf("keys left: %q; want only the key ttlbench did not write", keys)
-	}
-}
-
-// startRedis starts a redis-server on a free loopback port, without
-// persistence, stopped when the test ends.
-func startRedis(t *testing.T, path string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	cmd := exec.Command(path, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(waited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-waited
-	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			_ = c.Close()
-			return addr
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server did not start on %s: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -15,8 +15,9 @@
 //
 // # How it works
 //
-// Each key is one Redis hash, <prefix>:{<key>}, changed only by Lua scripts
-// (lua/*.lua), so every step is atomic on the server:
+// Each key has one record in Redis, <prefix>:{<key>} (a small hash while
+// an attempt runs, one compact string once finished), changed only by Lua
+// scripts (lua/*.lua), so every step is atomic on the server:
 //
 //	absent ──claim──▶ in progress (attempt 1) ──fn ok──▶ done ──retention ends──▶ absent
 //	                      │ ──Permanent(err)──▶ failed (replayed like a result)
@@ -51,7 +52,9 @@
 //
 // New takes any go-redis UniversalClient: a single server, Sentinel
 // failover, or Redis Cluster, where every script touches one hash slot and
-// notifications use sharded pub/sub (Redis 7). Run Redis with
+// notifications use sharded pub/sub (Redis 7). WithReplicas makes claims
+// and outcomes wait for replicas (WAIT), so that an acknowledged outcome
+// survives a failover. Run Redis with
 // maxmemory-policy noeviction: every record has a TTL, so a volatile-*
 // policy may evict a live claim and let a retry run twice. New checks the
 // policy when it can and warns through WithLogger.

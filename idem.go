@@ -121,8 +121,9 @@ type Client struct {
 	// "SPUBLISH" ("" in tests that lose notifications), and the lease and
 	// retention in milliseconds.
 	publish, leaseMs, retentionMs any
-	hub                           *hub
-	flights                       flights
+
+	hub     *hub
+	flights flights
 
 	firstPoll time.Duration // a waiter's first pause; tests raise it to rely on pub/sub alone
 
@@ -166,9 +167,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 }
 
 // Close stops what New started: it waits for the background check (at most
-// five seconds) and closes the subscriber connection that wakes waiters. Calls waiting for another owner return
-// ErrClosed; later calls to Do return ErrClosed. Close does not close the
-// Redis client given to New. It is safe to call more than once.
+// five seconds) and closes the subscriber connection that wakes waiters.
+// Calls waiting for another owner return ErrClosed; later calls to Do
+// return ErrClosed. Close does not close the Redis client given to New. It
+// is safe to call more than once.
 func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
@@ -397,7 +399,7 @@ func (c *Client) write(ctx context.Context, s script, keys []string, args ...any
 		return cmd, w
 	}
 	cmd, w := run(true)
-	if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		cmd, w = run(false)
 	}
 	if cmd.Err() != nil {

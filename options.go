@@ -72,9 +72,10 @@ func WithPrefix(prefix string) Option {
 // WithRetention sets how long a finished record is kept: during the
 // retention, every call with the key replays the stored outcome; after it,
 // the key is new again and fn runs again. The retention counts from the
-// outcome's recording; replays do not extend it. It must be at least the lease and
-// at least 1ms; Redis counts it in whole milliseconds (rounded down). Choose it longer than the
-// latest retry your clients can send (cmd/ttlbench helps).
+// outcome's recording; replays do not extend it. It must be at least the
+// lease and at least 1ms; Redis counts it in whole milliseconds (rounded
+// down). Choose it longer than the latest retry your clients can send
+// (cmd/ttlbench helps).
 // The default is 24 hours.
 func WithRetention(d time.Duration) Option {
 	return func(c *config) {

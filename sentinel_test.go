@@ -72,15 +72,12 @@ func TestSentinelFailoverClient(t *testing.T) {
 	var l ledger
 	finish, done := startOwner(t, owner, "k", &l)
 	out := waitFor(waiter, "k", &l)
-	eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
-	time.Sleep(20 * time.Millisecond)
+	awaitSubscribed(t, waiter)
 	finish("via-sentinel", nil)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	t0 := time.Now()
-	got := <-out
-	mustBeWoken(t, t0)
+	got := woken(t, out)
 	if got[1] != nil || got[0] != "via-sentinel" {
 		t.Fatalf("waiter: got %v, want the owner's result", got)
 	}

@@ -167,6 +167,24 @@ func mustBeWoken(t *testing.T, since time.Time) {
 	}
 }
 
+// awaitSubscribed returns once waiter's one subscription is in place and
+// the recheck after its confirmation has had time to pass.
+func awaitSubscribed(t *testing.T, waiter *idem.Client) {
+	t.Helper()
+	eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+	time.Sleep(20 * time.Millisecond)
+}
+
+// woken receives a waiter's outcome from out, failing the test if the
+// waiter was not woken well before its wait budget ended.
+func woken(t *testing.T, out <-chan [2]any) [2]any {
+	t.Helper()
+	t0 := time.Now()
+	got := <-out
+	mustBeWoken(t, t0)
+	return got
+}
+
 func TestWokenByPubSubAlone(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		owner := b.idem(t)
@@ -175,15 +193,12 @@ func TestWokenByPubSubAlone(t *testing.T) {
 		var l ledger
 		finish, done := startOwner(t, owner, "k", &l)
 		out := waitFor(waiter, "k", &l)
-		eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
-		time.Sleep(20 * time.Millisecond) // let the confirmation's recheck pass
+		awaitSubscribed(t, waiter)
 		finish("ok", nil)
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		t0 := time.Now()
-		got := <-out
-		mustBeWoken(t, t0)
+		got := woken(t, out)
 		if got[1] != nil || got[0] != "ok" {
 			t.Fatalf("waiter: got %v; want the owner's result (a wake-up by pub/sub, not the wait's end)", got)
 		}
@@ -199,8 +214,7 @@ func TestPubSubKilledWhileWaiting(t *testing.T) {
 	var l ledger
 	finish, done := startOwner(t, owner, "k", &l)
 	out := waitFor(waiter, "k", &l)
-	eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
-	time.Sleep(20 * time.Millisecond)
+	awaitSubscribed(t, waiter)
 	if n := b.srv.KillPubSub(t); n != 1 {
 		t.Fatalf("killed %d pub/sub connections, want 1", n)
 	}
@@ -210,9 +224,7 @@ func TestPubSubKilledWhileWaiting(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	t0 := time.Now()
-	got := <-out
-	mustBeWoken(t, t0)
+	got := woken(t, out)
 	if got[1] != nil || got[0] != "ok" {
 		t.Fatalf("waiter: got %v; want the owner's result", got)
 	}
@@ -272,16 +284,13 @@ func TestReleaseHandsOverToAWaiter(t *testing.T) {
 		var l ledger
 		finish, done := startOwner(t, owner, "k", &l)
 		out := waitFor(waiter, "k", &l)
-		eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
-		time.Sleep(20 * time.Millisecond)
+		awaitSubscribed(t, waiter)
 		boom := errors.New("downstream unavailable")
 		finish("", boom)
 		if err := <-done; !errors.Is(err, boom) {
 			t.Fatalf("owner: %v", err)
 		}
-		t0 := time.Now()
-		got := <-out
-		mustBeWoken(t, t0)
+		got := woken(t, out)
 		if got[1] != nil || got[0] != "waiter#2" {
 			t.Fatalf("waiter: got %v; want it to take over as attempt 2", got)
 		}

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -83,6 +84,20 @@ func (b *backend) advance(t testing.TB, d time.Duration) {
 	b.now = b.now.Add(d)
 	b.mr.SetTime(b.now)
 	b.mr.FastForward(d)
+}
+
+// inProgress builds the record an owner leaves while its attempt runs, in
+// the format of lua/record.lua, written here independently of the scripts:
+// attempt n of owner own, with no fingerprint, for a record whose TTL is
+// ttl, with leaseLeft of the lease left. The lease ends when the TTL has
+// come down to ttl-leaseLeft, which must not be negative. Store it with
+// SET ... PX ttl.
+func inProgress(own string, n int, ttl, leaseLeft time.Duration) string {
+	if leaseLeft > ttl {
+		panic("inProgress: a lease that outlives the record")
+	}
+	return "1p\x00" + string([]byte{byte(len(own))}) + own +
+		strconv.Itoa(n) + ":" + strconv.FormatInt((ttl-leaseLeft).Milliseconds(), 10)
 }
 
 // do sends one raw command to the backend.

@@ -668,7 +668,7 @@ func TestOutOfMemoryClaimFailsWhole(t *testing.T) {
 	}); err == nil {
 		t.Fatal("no error from a failing fn")
 	}
-	releasedBefore := fmt.Sprint(b.do(t, "HGETALL", idem.RecordKey(c, "released")))
+	releasedBefore := fmt.Sprint(b.do(t, "GET", idem.RecordKey(c, "released")))
 
 	// Fill the server up to a limit just above what it used.
 	used := faultInfo(t, b, "memory", "used_memory")
@@ -696,7 +696,7 @@ func TestOutOfMemoryClaimFailsWhole(t *testing.T) {
 	if n := b.do(t, "EXISTS", idem.RecordKey(c, "new")); n != int64(0) {
 		t.Fatal("a record was written for the refused claim")
 	}
-	if got := fmt.Sprint(b.do(t, "HGETALL", idem.RecordKey(c, "released"))); got != releasedBefore {
+	if got := fmt.Sprint(b.do(t, "GET", idem.RecordKey(c, "released"))); got != releasedBefore {
 		t.Fatalf("the released record changed under a refused claim:\n%s\nwas\n%s", got, releasedBefore)
 	}
 	if res, err := c.Do(ctx, "done", "fp", l.fn("again")); err != nil || string(res) != "ok#1" {
@@ -863,7 +863,7 @@ func TestRedisRestart(t *testing.T) {
 			t.Fatalf("stale owner alone: got %v, want ErrLeaseLost", err)
 		}
 		if n := b.do(t, "EXISTS", idem.RecordKey(owner, "alone")); n != int64(0) {
-			t.Fatalf("the stale completion wrote a record: %v", b.do(t, "HGETALL", idem.RecordKey(owner, "alone")))
+			t.Fatalf("the stale completion wrote a record: %v", b.do(t, "GET", idem.RecordKey(owner, "alone")))
 		}
 	})
 }

@@ -1,7 +1,7 @@
 package idem
 
 // Fuzz targets for what Do reads from Redis: the claim script's reply, the
-// status script's reply, a record's fields, and the mapping of keys to
+// status script's reply, a record as stored, and the mapping of keys to
 // Redis keys. The seeds (f.Add) run in every go test; fuzz with
 //
 //	go test -run='^$' -fuzz=FuzzClaimReply -fuzztime=60s .
@@ -209,7 +209,7 @@ func FuzzClaimReply(f *testing.F) {
 	// done and failed replies carry the whole finished record and the
 	// position of the ':' before the payload.
 	rec := func(st, payload string) []any {
-		s := finishedRecord("1", st, "fp", "owner", "12", payload)
+		s := buildRecord("1", st, "fp", "owner", "12", payload)
 		return []any{st, s, int64(len(s) - len(payload))} // the 1-based position of the ':
 	}
 	for _, v := range [][]any{
@@ -290,7 +290,7 @@ func TestLongestLease(t *testing.T) {
 }
 
 // recordInt parses an integer field of a record (an attempt number, a
-// lease end) as lua/record.lua's count does: 1 to 15 decimal digits and
+// lease mark) as lua/record.lua's count does: 1 to 15 decimal digits and
 // nothing else (no sign, space, fraction, exponent or hex), so exact in
 // Lua's doubles. Anything else is a damaged record.
 func recordInt(s string) (int64, bool) {
@@ -397,14 +397,19 @@ func FuzzStatus(f *testing.F) {
 
 // Forms of the record FuzzRecord writes, by its form argument (mod 4).
 const (
-	formHash   = iota // the in-progress form: a hash of the fields given
-	formString        // the finished form, built from the fields given
+	formHash   = iota // not a record: a hash of the fields given (see recordFields)
+	formString        // a record string built from the fields given (buildRecord)
 	formRaw           // a string of arbitrary bytes (the payload argument)
-	formList          // not a record at all: a list
+	formList          // not a record: a list
 )
 
-// The fields of the hash form, in the order FuzzRecord takes them; bit i
-// of its present mask says whether field i is written.
+// recordFields names FuzzRecord's field arguments, in order. formString
+// builds a record from v, st, fp, own and n, with lu (the lease mark) as
+// the tail when st is "p" or "r" and the payload otherwise. formHash
+// writes them as the fields of a hash instead, bit i of the present mask
+// saying whether field i is written: these were the fields of the
+// in-progress record when it was a hash, but a record is now always a
+// string, so a hash is corrupt whatever it holds.
 var recordFields = []string{"v", "st", "fp", "own", "n", "lu"}
 
 // Ways FuzzRecord calls Do, by its mode argument (mod 3).
@@ -414,18 +419,25 @@ const (
 	modeMatching             // Do with fingerprint "fp"; the record's fp is its digest
 )
 
-// maxExactAttempt bounds the attempt numbers after which FuzzRecord checks
-// the outcome exactly: Lua's tostring writes numbers from 10^14 on with
-// an exponent, which a record cannot hold (a damage the scripts would
-// cause themselves after 10^14 attempts).
-const maxExactAttempt = 1e13
+// recordTTL is the TTL of the strings FuzzRecord writes. A lease mark is
+// read against it: a "p" record written with mark m has recordTTL - m of
+// its lease left, less the time since it was written (Redis counts the
+// TTL down; miniredis does not).
+const recordTTL = time.Hour
 
-// finishedRecord builds the finished form (lua/record.lua):
-// "1" st len(fp) fp len(own) own n ":" payload, with v in place of "1".
-func finishedRecord(v, st, fp, own, n, payload string) string {
+// maxExactAttempt bounds the attempt numbers after which FuzzRecord checks
+// the outcome exactly: a record holds at most 15 digits, so the attempt
+// after 999999999999999 cannot be recorded (a damage the scripts would
+// cause themselves after 10^15 attempts).
+const maxExactAttempt = 1e15 - 1
+
+// buildRecord builds a record string (lua/record.lua):
+// "1" st len(fp) fp len(own) own n ":" tail, with v in place of "1". fp
+// and own are cut to 255 bytes, the most a length byte can say.
+func buildRecord(v, st, fp, own, n, tail string) string {
 	fp, own = fp[:min(len(fp), 255)], own[:min(len(own), 255)]
 	return v + st + string([]byte{byte(len(fp))}) + fp +
-		string([]byte{byte(len(own))}) + own + n + ":" + payload
+		string([]byte{byte(len(own))}) + own + n + ":" + tail
 }
 
 // fuzzRecord is the meaning of a record, by the data model of
@@ -437,50 +449,28 @@ type fuzzRecord struct {
 	st        string // p, r, d, f
 	fp        string
 	n         int64  // attempt number
-	lu        int64  // lease end (hash form)
-	payload   string // result or message (finished form)
+	mark      int64  // lease mark ("p", "r"): the PTTL at which the lease ends
+	payload   string // result or message ("d", "f")
 }
 
-// readHash reads the hash form: v "1", st "p" or "r", fp present and at
-// most 255 bytes (what the finished form holds), n a
-// record integer (recordInt) of at least 1, lu a record integer.
-func readHash(fields map[string]string) fuzzRecord {
-	has := func(name string) bool { _, ok := fields[name]; return ok }
-	r := fuzzRecord{st: fields["st"], fp: fields["fp"]}
-	var nOK, luOK bool
-	r.n, nOK = recordInt(fields["n"])
-	r.lu, luOK = recordInt(fields["lu"])
-	switch {
-	case len(fields) == 0:
-		return fuzzRecord{absent: true}
-	case fields["v"] != "1":
-		r.malformed = "version"
-	case r.st != "p" && r.st != "r":
-		r.malformed = "state"
-	case !has("fp"):
-		r.malformed = "no fp"
-	case len(r.fp) > 255:
-		// The finished form gives fp one length byte: such a record could
-		// not be completed.
-		r.malformed = "fp longer than 255 bytes"
-	case !nOK || r.n < 1:
-		r.malformed = "attempt"
-	case !luOK:
-		r.malformed = "lease end"
-	}
-	return r
-}
-
-// readString reads the finished form: "1" st len(fp) fp len(own) own n ":"
-// payload, with st "d" or "f", both lengths within the string, and n a
-// record integer (recordInt) of at least 1.
+// readString reads a record string: "1" st len(fp) fp len(own) own n ":"
+// tail, with st one of "p", "r", "d", "f", fp and own within the string,
+// n a record integer (recordInt) of at least 1 up to the first ':' after
+// own, and the tail, for "p" and "r", a record integer too (the lease
+// mark; recordInt takes no sign, so it is at least 0). The tail of "d"
+// and "f" (the result, the message) is any bytes.
 func readString(s string) fuzzRecord {
 	bad := func(why string) fuzzRecord { return fuzzRecord{malformed: why} }
-	if len(s) < 3 || s[0] != '1' {
-		return bad("version or too short")
+	if len(s) < 1 || s[0] != '1' {
+		return bad("version")
+	}
+	if len(s) < 3 {
+		return bad("too short")
 	}
 	r := fuzzRecord{st: s[1:2]}
-	if r.st != "d" && r.st != "f" {
+	switch r.st {
+	case "p", "r", "d", "f":
+	default:
 		return bad("state")
 	}
 	rest := s[2:]
@@ -493,8 +483,7 @@ func readString(s string) fuzzRecord {
 	if len(rest) < 1+ol {
 		return bad("own length")
 	}
-	rest = rest[1+ol:]
-	ns, payload, ok := strings.Cut(rest, ":")
+	ns, tail, ok := strings.Cut(rest[1+ol:], ":")
 	if !ok {
 		return bad("no ':'")
 	}
@@ -502,7 +491,16 @@ func readString(s string) fuzzRecord {
 	if !ok || n < 1 {
 		return bad("attempt")
 	}
-	r.n, r.payload = n, payload
+	r.n = n
+	if r.st == "p" || r.st == "r" {
+		m, ok := recordInt(tail)
+		if !ok {
+			return bad("lease mark")
+		}
+		r.mark = m
+	} else {
+		r.payload = tail
+	}
 	return r
 }
 
@@ -517,65 +515,119 @@ type recordSeed struct {
 // TestFuzzRecordSeedsOnRedis.
 func recordSeeds() []recordSeed {
 	const hashAll = 0x3f
-	lu := func(d time.Duration) string { return strconv.FormatInt(time.Now().Add(d).UnixMilli(), 10) }
+	// mark is the lease mark of a record written with recordTTL whose
+	// lease has left to run (ended left ago if left < 0).
+	mark := func(left time.Duration) string { return strconv.FormatInt((recordTTL - left).Milliseconds(), 10) }
+	live, ended := mark(30*time.Second), mark(0)
 	return []recordSeed{
-		{formHash, "1", "r", "", "", "1", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", "41", "0", "", hashAll, modeMatching},
-		{formHash, "1", "p", "", "dead-owner", "3", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "p", "", "", "3", "0", "", hashAll &^ (1 << 3), modeNoFingerprint},
-		{formHash, "1", "p", "", "live-owner", "1", lu(time.Hour), "", hashAll, modeMatching},
-		{formHash, "1", "r", "other", "", "1", "0", "", hashAll, modeFieldAsIs},
-		{formHash, "1", "r", "", "", "007", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", "123456789012345", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "", "", "", "", "", "", "", 0, modeMatching},
+		// Released, whatever the mark: fn runs as attempt n+1.
+		{formString, "1", "r", "", "", "1", mark(-time.Second), "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "41", "0", "", 0, modeMatching},
+		{formString, "1", "r", "", "owner", "2", live, "", 0, modeFieldAsIs},
+		{formRaw, "", "", "", "", "", "", "1r\x00\x001:0", 0, modeNoFingerprint},
+		// In progress, the lease ended (a mark of at least recordTTL): fn
+		// runs as attempt n+1.
+		{formString, "1", "p", "", "dead-owner", "3", ended, "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "", "3", mark(-time.Minute), "", 0, modeMatching},
+		{formString, "1", "p", "", "dead-owner", "9", "999999999999999", "", 0, modeNoFingerprint},
+		// In progress, the lease live: ErrInProgress.
+		{formString, "1", "p", "", "live-owner", "1", live, "", 0, modeMatching},
+		{formString, "1", "p", "", "live-owner", "2", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "live-owner", "5", "000" + live, "", 0, modeFieldAsIs},
+		{formRaw, "", "", "", "", "", "", "1p\x00\x00" + "1:0", 0, modeNoFingerprint},
+		// Done and failed: the stored outcome, whatever its bytes.
 		{formString, "1", "d", "", "owner", "1", "", "stored", 0, modeNoFingerprint},
 		{formString, "1", "d", "", "owner", "2", "", "", 0, modeMatching},
 		{formString, "1", "d", "", "owner", "7", "", "a:b:c", 0, modeMatching},
+		{formString, "1", "d", "", "o:w:n", "4", "later", "1p\x00\x001:0", 0, modeNoFingerprint},
 		{formString, "1", "f", "", "owner", "2", "", "declined", 0, modeFieldAsIs},
-		{formString, "1", "d", "other", "owner", "1", "", "x", 0, modeFieldAsIs},
+		{formString, "1", "f", "", "owner", "1", "", "", 0, modeNoFingerprint},
 		{formRaw, "", "", "", "", "", "", "1d\x00\x001:stored", 0, modeNoFingerprint},
-		// Malformed.
-		{formHash, "", "r", "", "", "1", "0", "", hashAll &^ 1, modeNoFingerprint},
-		{formHash, "9", "r", "", "", "1", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "d", "", "", "1", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "?", "", "", "1", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "", "", "", "1", "0", "", hashAll &^ (1 << 1), modeNoFingerprint},
-		{formHash, "1", "r", "", "", "1", "0", "", hashAll &^ (1 << 2), modeNoFingerprint},
-		{formHash, "1", "r", "", "", "x", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", "1", "later", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", "", "0", "", hashAll &^ (1 << 4), modeNoFingerprint},
-		{formHash, "1", "r", "", "", "1", "", "", hashAll &^ (1 << 5), modeNoFingerprint},
-		{formHash, "1", "r", "", "", "0", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", "-1", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", "1.5", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", "0x10", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", " 2", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", "99999999999999999999", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", "", "", "1234567890123456", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "p", "", "", "2", "1e3", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "p", strings.Repeat("f", 256), "dead-owner", "3", "0", "", hashAll, modeNoFingerprint},
-		{formHash, "1", "r", strings.Repeat("f", 300), "", "1", "0", "", hashAll, modeFieldAsIs},
+		{formRaw, "", "", "", "", "", "", "1f\x02::\x01:1:x:\x00", 0, modeNoFingerprint},
+		// Another fingerprint: ErrConflict, in every state.
+		{formString, "1", "r", "other", "", "1", "0", "", 0, modeFieldAsIs},
+		{formString, "1", "p", "other", "live-owner", "1", live, "", 0, modeFieldAsIs},
+		{formString, "1", "p", "other", "dead-owner", "1", "999999999999999", "", 0, modeFieldAsIs},
+		{formString, "1", "d", "other", "owner", "1", "", "x", 0, modeFieldAsIs},
+		{formString, "1", "f", strings.Repeat("f", 255), "owner", "1", "", "x", 0, modeFieldAsIs},
+		// Attempt numbers: leading zeros, and 15 digits, the most a record
+		// holds.
+		{formString, "1", "r", "", "", "007", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "123456789012345", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "live-owner", "999999999999999", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "d", "", "owner", "999999999999999", "", "x", 0, modeNoFingerprint},
+		// Absent: fn runs as attempt 1.
+		{formHash, "", "", "", "", "", "", "", 0, modeMatching},
+		// Malformed. The version:
 		{formString, "2", "d", "", "owner", "1", "", "x", 0, modeNoFingerprint},
-		{formString, "1", "p", "", "owner", "1", "", "x", 0, modeNoFingerprint},
+		{formString, "0", "p", "", "owner", "1", "0", "", 0, modeNoFingerprint},
+		{formString, "", "r", "", "", "1", "0", "", 0, modeNoFingerprint},
+		// The state:
+		{formString, "1", "?", "", "owner", "1", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "P", "", "owner", "1", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "", "", "owner", "1", "", "x", 0, modeNoFingerprint},
+		// The attempt number: empty, not a decimal count, below 1, or more
+		// than 15 digits.
 		{formString, "1", "d", "", "owner", "", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "x", "0", "", 0, modeNoFingerprint},
 		{formString, "1", "d", "", "owner", "0", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "0", "0", "", 0, modeNoFingerprint},
 		{formString, "1", "d", "", "owner", "-4", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "-1", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "+1", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "0x10", "0", "", 0, modeNoFingerprint},
 		{formString, "1", "d", "", "owner", "0x1", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", " 2", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "", "2 ", live, "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "1.5", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "", "1e3", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "1234567890123456", "0", "", 0, modeNoFingerprint},
+		{formString, "1", "d", "", "owner", "99999999999999999999", "", "x", 0, modeNoFingerprint},
+		// The lease mark of "p" and "r": empty, or not a decimal count of
+		// at most 15 digits.
+		{formString, "1", "p", "", "", "2", "later", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "", "2", "-1", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "", "2", "1e3", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "owner", "2", "", "x", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "", "2", " 5", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "", "2", "0x10", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "", "2", "1.5", "", 0, modeNoFingerprint},
+		{formString, "1", "p", "", "", "2", "1234567890123456", "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "1", "later", "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "1", "-1", "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "1", "1e3", "", 0, modeMatching},
+		{formString, "1", "r", "", "", "1", "", "", 0, modeNoFingerprint},
+		{formString, "1", "r", "", "", "1", "0:0", "", 0, modeNoFingerprint},
+		// Truncated: too short, lengths past the end, no attempt, no ':'.
 		{formRaw, "", "", "", "", "", "", "", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1", 0, modeNoFingerprint},
 		{formRaw, "", "", "", "", "", "", "1d", 0, modeNoFingerprint},
 		{formRaw, "", "", "", "", "", "", "1d\x05ab", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1p\x00", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1d\x00\x00", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1r\x00\x05abcde", 0, modeNoFingerprint},
 		{formRaw, "", "", "", "", "", "", "1d\x00\x09own:1:x", 0, modeNoFingerprint},
-		{formRaw, "", "", "", "", "", "", "garbage", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1d\x00\x001", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1p\x00\x00:0", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "1r\x00\x001:", 0, modeNoFingerprint},
+		// Not a string: a hash, whatever its fields (even all those of the
+		// in-progress record when it was a hash), and a list; and garbage.
+		{formHash, "1", "r", "", "", "1", "0", "", hashAll, modeNoFingerprint},
+		{formHash, "1", "p", "", "live-owner", "1", "0", "", hashAll, modeMatching},
+		{formHash, "", "", "", "", "3", "", "", 1 << 4, modeNoFingerprint},
+		{formHash, "1", "p", strings.Repeat("f", 300), "dead-owner", "3", "0", "", hashAll, modeFieldAsIs},
 		{formList, "", "", "", "", "", "", "x", 0, modeNoFingerprint},
+		{formList, "", "", "", "", "", "", "1d\x00\x001:stored", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "garbage", 0, modeNoFingerprint},
+		{formRaw, "", "", "", "", "", "", "\xff\x00\xfe", 0, modeNoFingerprint},
 	}
 }
 
 // recordEnv is where FuzzRecord writes its records.
 type recordEnv struct {
-	rdb       *redis.Client
-	c         *Client
-	miniredis bool
-	seq       atomic.Int64
+	rdb *redis.Client
+	c   *Client
+	seq atomic.Int64
 }
 
 func newRecordEnv(tb testing.TB, real bool) *recordEnv {
@@ -594,23 +646,30 @@ func newRecordEnv(tb testing.TB, real bool) *recordEnv {
 	tb.Cleanup(func() { _ = rdb.Close() })
 	c := New(rdb, WithWait(0), WithStoreTimeout(time.Second))
 	tb.Cleanup(func() { _ = c.Close() })
-	return &recordEnv{rdb: rdb, c: c, miniredis: !real}
+	return &recordEnv{rdb: rdb, c: c}
 }
 
 // FuzzRecord writes an arbitrary record and runs Do on it: on miniredis,
-// or on a real redis-server when IDEM_FUZZ_REDIS=1. Do must never panic,
-// and must do what the record calls for:
+// or on a real redis-server when IDEM_FUZZ_REDIS=1. A record is a string,
+// written with a TTL of recordTTL. Do must never panic, and must do what
+// the record calls for:
 //
-//   - malformed (see readHash and readString), or not a record at all:
-//     ErrCorrupt, fn not run, and Status fails too;
+//   - malformed (see readString), or not a string at all (a hash, a
+//     list): ErrCorrupt, fn not run, and Status fails too;
 //   - another fingerprint: ErrConflict, fn not run;
 //   - done: the stored result; failed: a *StoredError with the message;
-//   - in progress with a live lease: ErrInProgress (Do does not wait here);
-//   - released, in progress with an ended lease, or absent: fn runs, as
-//     attempt n+1 (1 when absent), and the record is then done with it.
+//   - in progress with a live lease (a mark well below recordTTL):
+//     ErrInProgress (Do does not wait here);
+//   - released (whatever its mark), in progress with an ended lease (a
+//     mark of at least recordTTL), or absent: fn runs, as attempt n+1 (1
+//     when absent), and the record is then done with it;
+//   - in progress with a lease that ends about when Do reads it: either
+//     of the last two.
 //
 // Status must agree with Do: it fails on a malformed record, and otherwise
-// reports the state and attempt that Do left.
+// reports the state and attempt that Do left, and for a record that is
+// still "p" or "r" the lease end its mark gives (the record's expiry less
+// the mark; none when that is not after 1970).
 func FuzzRecord(f *testing.F) {
 	for _, s := range recordSeeds() {
 		f.Add(s.form, s.v, s.st, s.fp, s.own, s.n, s.lu, s.payload, s.present, s.mode)
@@ -645,6 +704,7 @@ func (env *recordEnv) check(t *testing.T, s recordSeed) {
 		fp = digest(callFP)
 	}
 
+	written := time.Now().UnixMilli()
 	var rec fuzzRecord
 	var err error
 	switch form {
@@ -658,10 +718,14 @@ func (env *recordEnv) check(t *testing.T, s recordSeed) {
 				fields[name] = values[i]
 			}
 		}
+		// A hash is not a record, whatever its fields; no field at all
+		// writes nothing.
+		rec = fuzzRecord{malformed: "a hash"}
 		if len(args) > 0 {
 			err = rdb.HSet(ctx, rk, args...).Err()
+		} else {
+			rec = fuzzRecord{absent: true}
 		}
-		rec = readHash(fields)
 		var fs []string
 		for _, name := range recordFields {
 			if v, ok := fields[name]; ok {
@@ -670,12 +734,16 @@ func (env *recordEnv) check(t *testing.T, s recordSeed) {
 		}
 		rec.raw = "hash {" + strings.Join(fs, " ") + "}"
 	case formString:
-		str := finishedRecord(s.v, s.st, fp, s.own, s.n, s.payload)
-		err = rdb.Set(ctx, rk, str, time.Hour).Err()
+		tail := s.payload
+		if s.st == "p" || s.st == "r" {
+			tail = s.lu
+		}
+		str := buildRecord(s.v, s.st, fp, s.own, s.n, tail)
+		err = rdb.Set(ctx, rk, str, recordTTL).Err()
 		rec = readString(str)
 		rec.raw = "string " + short(str)
 	case formRaw:
-		err = rdb.Set(ctx, rk, s.payload, time.Hour).Err()
+		err = rdb.Set(ctx, rk, s.payload, recordTTL).Err()
 		rec = readString(s.payload)
 		rec.raw = "string " + short(s.payload)
 	case formList:
@@ -687,35 +755,59 @@ func (env *recordEnv) check(t *testing.T, s recordSeed) {
 	}
 	conflict := !rec.absent && rec.malformed == "" && callFP != "" && rec.fp != "" && rec.fp != digest(callFP)
 
-	before := time.Now().UnixMilli()
 	var ran []int64
 	got, err := c.Do(ctx, key, callFP, func(ctx context.Context) ([]byte, error) {
 		a, _ := AttemptFrom(ctx)
 		ran = append(ran, a.Number)
 		return []byte("ran"), nil
 	})
-	after := time.Now().UnixMilli()
+	claimed := time.Now().UnixMilli()
 	status, serr := c.Status(ctx, key)
+	after := time.Now().UnixMilli()
 
-	verdict := fmt.Sprintf("state %q, attempt %d, lease end %d, fp %s", rec.st, rec.n, rec.lu, short(rec.fp))
+	// A "p" record's lease had recordTTL - mark left when it was written,
+	// and as much less as its TTL has counted down since, at most the time
+	// until Do returned: live for sure below a slack of that (and at least
+	// 5 s), ended for sure from recordTTL on.
+	ttl := recordTTL.Milliseconds()
+	slack := max(5000, claimed-written+1000)
+	liveLease := rec.st == "p" && rec.mark < ttl-slack
+	endedLease := rec.st == "p" && rec.mark >= ttl
+
+	verdict := fmt.Sprintf("state %q, attempt %d, fp %s", rec.st, rec.n, short(rec.fp))
 	switch {
 	case rec.absent:
 		verdict = "absent"
 	case rec.malformed != "":
 		verdict = "malformed: " + rec.malformed
+	case rec.st == "p" || rec.st == "r":
+		verdict += fmt.Sprintf(", lease mark %d", rec.mark)
 	}
 	desc := fmt.Sprintf("%s (%s), Do with fingerprint %q", rec.raw, verdict, callFP)
 	if len(ran) > 1 {
 		t.Fatalf("%s: fn ran %d times", desc, len(ran))
 	}
-	switch {
-	case rec.malformed != "":
-		if len(ran) == 0 && env.miniredis && err != nil && strings.Contains(err.Error(), "slice bounds out of range") {
-			// miniredis's Lua (gopher-lua) fails where Redis's string.find
-			// returns nil, for a start past the end of the string: an
-			// error all the same, and fn did not run.
+	claimable := func() {
+		want := rec.n + 1
+		if rec.n >= maxExactAttempt {
+			// fn runs, but the record cannot hold the next attempt number.
+			if len(ran) != 1 {
+				t.Fatalf("%s: claimable: Do gave (%q, %v) and did not run fn; want fn to run", desc, got, err)
+			}
 			return
 		}
+		if len(ran) != 1 || err != nil || string(got) != "ran" {
+			t.Fatalf("%s: claimable: Do gave (%q, %v), ran fn %v; want fn to run", desc, got, err, ran)
+		}
+		if ran[0] != want {
+			t.Fatalf("%s: fn ran as attempt %d, want %d", desc, ran[0], want)
+		}
+		if serr != nil || status.State != StateDone || status.Attempt != want || !status.LeaseEnds.IsZero() {
+			t.Fatalf("%s: after fn ran: Status %+v, %v; want done, attempt %d, no lease end", desc, status, serr, want)
+		}
+	}
+	switch {
+	case rec.malformed != "":
 		if len(ran) > 0 || !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("%s: malformed record: Do gave (%q, %v) and ran fn %v; want ErrCorrupt and fn not run", desc, got, err, ran)
 		}
@@ -736,35 +828,44 @@ func (env *recordEnv) check(t *testing.T, s recordSeed) {
 		if len(ran) > 0 || !errors.As(err, &se) || se.Message != rec.payload {
 			t.Fatalf("%s: Do gave (%q, %v), ran fn %v; want the stored error", desc, got, err, ran)
 		}
-	case rec.st == "p" && rec.lu > before-1000 && rec.lu <= after+1000:
+	case rec.st == "p" && !liveLease && !endedLease:
 		// The lease ends about now: either answer is right.
-		if len(ran) == 0 && !errors.Is(err, ErrInProgress) {
+		if len(ran) > 0 {
+			claimable()
+			return
+		}
+		if !errors.Is(err, ErrInProgress) {
 			t.Fatalf("%s: Do gave (%q, %v); want fn to run or ErrInProgress", desc, got, err)
 		}
-		return
-	case rec.st == "p" && rec.lu > after:
+	case liveLease:
 		if len(ran) > 0 || !errors.Is(err, ErrInProgress) {
 			t.Fatalf("%s: live lease: Do gave (%q, %v), ran fn %v; want ErrInProgress", desc, got, err, ran)
 		}
-	case rec.n >= maxExactAttempt:
-		return
 	default: // absent, released, or a lease that ended
-		want := rec.n + 1
-		if len(ran) != 1 || err != nil || string(got) != "ran" {
-			t.Fatalf("%s: claimable: Do gave (%q, %v), ran fn %v; want fn to run", desc, got, err, ran)
-		}
-		if ran[0] != want {
-			t.Fatalf("%s: fn ran as attempt %d, want %d", desc, ran[0], want)
-		}
-		if serr != nil || status.State != StateDone || status.Attempt != want {
-			t.Fatalf("%s: after fn ran: Status %+v, %v; want done, attempt %d", desc, status, serr, want)
-		}
+		claimable()
 		return
 	}
 	// fn did not run: the record is as it was.
 	wantState := map[string]State{"p": StateInProgress, "r": StateReleased, "d": StateDone, "f": StateFailed}[rec.st]
 	if serr != nil || status.State != wantState || status.Attempt != rec.n {
 		t.Fatalf("%s: Status %+v, %v; want %v, attempt %d", desc, status, serr, wantState, rec.n)
+	}
+	// The lease end is the record's expiry less the mark, none if that is
+	// not after 1970 (and none for "d" and "f"). The expiry is recordTTL
+	// after the write on Redis, whose TTLs count down, and recordTTL after
+	// Status ran on miniredis, whose TTLs do not: either way between
+	// written and after, give or take a second.
+	var lo, hi int64
+	if rec.st == "p" || rec.st == "r" {
+		lo = max(written+ttl-rec.mark-1000, 0)
+		hi = max(after+ttl-rec.mark+1000, 0)
+	}
+	var ends int64
+	if !status.LeaseEnds.IsZero() {
+		ends = status.LeaseEnds.UnixMilli()
+	}
+	if ends < lo || ends > hi {
+		t.Fatalf("%s: Status %+v: lease end %d ms, want between %d and %d (0 = none)", desc, status, ends, lo, hi)
 	}
 }
 

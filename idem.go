@@ -15,9 +15,9 @@
 //
 // # How it works
 //
-// Each key has one record in Redis, <prefix>:{<key>} (a small hash while
-// an attempt runs, one compact string once finished), changed only by Lua
-// scripts (lua/*.lua), so every step is atomic on the server:
+// Each key has one record in Redis, <prefix>:{<key>}, a compact string
+// changed only by Lua scripts (lua/*.lua), so every step is atomic on the
+// server:
 //
 //	absent ──claim──▶ in progress (attempt 1) ──fn ok──▶ done ──retention ends──▶ absent
 //	                      │ ──Permanent(err)──▶ failed (replayed like a result)

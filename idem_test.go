@@ -250,16 +250,7 @@ func TestCrashedOwnerTakenOver(t *testing.T) {
 		rk := idem.RecordKey(c, "k")
 		// What an owner that died inside fn leaves behind: a claim whose
 		// lease is not renewed.
-		var now int64
-		if b.mr != nil {
-			b.advance(t, 0)
-			now = b.now.UnixMilli()
-		} else {
-			now = time.Now().UnixMilli()
-		}
-		b.do(t, "HSET", rk, "v", "1", "st", "p", "fp", "", "own", "dead-owner", "n", "1",
-			"lu", fmt.Sprint(now+lease.Milliseconds()))
-		b.do(t, "PEXPIRE", rk, 60000)
+		b.do(t, "SET", rk, inProgress("dead-owner", 1, time.Minute, lease), "PX", time.Minute.Milliseconds())
 
 		var l ledger
 		_, err := c.Do(ctx, "k", "fp", l.fn("x"))
@@ -292,8 +283,10 @@ func TestStaleOwnerLosesLease(t *testing.T) {
 			done <- err
 		}()
 		<-inFn
-		// The owner is paused past its lease: end it, as time would.
-		b.do(t, "HSET", rk, "lu", "0")
+		// The owner is paused past its lease: end it, as time would, by
+		// bringing the record's TTL down by the lease (the defaults: a
+		// 24h retention and a 30s lease).
+		b.do(t, "PEXPIRE", rk, (24*time.Hour - 30*time.Second).Milliseconds())
 		got, err := c.Do(ctx, "k", "fp", l.fn("new"))
 		if err != nil || string(got) != "new#2" {
 			t.Fatalf("takeover: got %q, %v; want new#2", got, err)
@@ -319,7 +312,7 @@ func TestLeaseLossCancelsFn(t *testing.T) {
 	go func() {
 		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
 			// Another caller took over behind our back.
-			b.do(t, "HSET", rk, "own", "someone-else")
+			b.do(t, "SET", rk, inProgress("someone-else", 2, time.Minute, time.Minute), "PX", time.Minute.Milliseconds())
 			<-ctx.Done()
 			cause <- context.Cause(ctx)
 			return []byte("late"), nil
@@ -401,11 +394,13 @@ func TestCorruptRecordFailsClosed(t *testing.T) {
 			setup []any
 			want  error // nil: any error
 		}{
-			{"not a hash", []any{"SET", "%s", "garbage"}, nil},
-			{"no version", []any{"HSET", "%s", "junk", "1"}, idem.ErrCorrupt},
-			{"future version", []any{"HSET", "%s", "v", "9", "st", "d", "res", "x"}, idem.ErrCorrupt},
-			{"bad state", []any{"HSET", "%s", "v", "1", "st", "?", "fp", "", "n", "1", "lu", "0"}, idem.ErrCorrupt},
-			{"bad attempt", []any{"HSET", "%s", "v", "1", "st", "p", "fp", "", "n", "x", "lu", "0"}, idem.ErrCorrupt},
+			{"garbage", []any{"SET", "%s", "garbage"}, idem.ErrCorrupt},
+			{"not a string", []any{"HSET", "%s", "st", "d"}, idem.ErrCorrupt},
+			{"future version", []any{"SET", "%s", "9d\x00\x001:x"}, idem.ErrCorrupt},
+			{"bad state", []any{"SET", "%s", "1?\x00\x001:0"}, idem.ErrCorrupt},
+			{"bad attempt", []any{"SET", "%s", "1p\x00\x00x:0"}, idem.ErrCorrupt},
+			{"bad lease mark", []any{"SET", "%s", "1p\x00\x001:soon"}, idem.ErrCorrupt},
+			{"truncated", []any{"SET", "%s", "1d\x05ab"}, idem.ErrCorrupt},
 		}
 		for i, tc := range cases {
 			key := fmt.Sprintf("bad-%d", i)

@@ -84,7 +84,9 @@ func TestWaiterContextCancelled(t *testing.T) {
 			_, err := waiter.Do(ctx, "k", "fp", l.fn("dup"))
 			errc <- err
 		}()
-		time.Sleep(50 * time.Millisecond)
+		// Cancel once the waiter waits: it has seen the owner busy and
+		// subscribed (a cancel during its first claim is another case).
+		awaitSubscribed(t, waiter)
 		cancel()
 		select {
 		case err := <-errc:
@@ -326,11 +328,15 @@ func TestRecordExpiresWhileWaiting(t *testing.T) {
 	b := newRedis(t, redistest.Config{})
 	c := b.idem(t, idem.WithWait(10*time.Second), idem.WithPollInterval(20*time.Millisecond))
 	rk := idem.RecordKey(c, "k")
-	// A dead owner's claim that expires before its lease ends, as with a
-	// retention shorter than the work.
-	b.do(t, "HSET", rk, "v", "1", "st", "p", "fp", "", "own", "dead", "n", "3",
-		"lu", fmt.Sprint(time.Now().Add(time.Hour).UnixMilli()))
-	b.do(t, "PEXPIRE", rk, 200)
+	// A dead owner's claim with an hour of lease left, deleted 200ms after
+	// the waiter started (by Forget, or evicted under a volatile-* policy).
+	b.do(t, "SET", rk, inProgress("dead", 3, 2*time.Hour, time.Hour), "PX", 2*time.Hour.Milliseconds())
+	rdb := b.client(t)
+	time.AfterFunc(200*time.Millisecond, func() {
+		if err := rdb.Del(context.Background(), rk).Err(); err != nil {
+			t.Errorf("delete the record: %v", err)
+		}
+	})
 	var l ledger
 	_, err := c.Do(context.Background(), "k", "fp", l.fn("x"))
 	if !errors.Is(err, idem.ErrExpired) || !strings.Contains(err.Error(), "attempt 3") {

@@ -5,7 +5,7 @@
 -- ARGV[1]  fingerprint digest of the parameters ("" = not checked)
 -- ARGV[2]  owner token, random per Do call
 -- ARGV[3]  lease in milliseconds
--- ARGV[4]  retention in milliseconds (the record's TTL)
+-- ARGV[4]  retention in milliseconds (the record's TTL), at least the lease
 --
 -- Returns one of:
 --   {"c", n, leaseLeftMs}  claimed: the caller owns attempt n. A repeat with
@@ -19,51 +19,39 @@
 --   {"x"}                  conflict: the stored fingerprint differs.
 --   {"v", reason}          the record is not one this version understands.
 --
--- Time is the server's (TIME), never the client's. Nothing is written
--- unless the caller claims, and then in one HSET plus one PEXPIRE.
-local t = kind(KEYS[1])
-if t == 'string' then
-  local s = redis.call('GET', KEYS[1])
-  local st, fp, _, _, i = finished(s)
-  if not st then
-    return {'v', fp}
-  end
-  if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then
-    return {'x'}
-  end
-  return {st, s, i}
+-- Nothing is written unless the caller claims, and then in one SET. A new
+-- key costs one GET and that SET.
+local s, why = get(KEYS[1])
+if s == nil then
+  return {'v', why}
 end
-
-local now = serverMs()
 local lease = tonumber(ARGV[3])
-if t == 'none' then
-  redis.call('HSET', KEYS[1], 'v', '1', 'st', 'p', 'fp', ARGV[1],
-    'own', ARGV[2], 'n', '1', 'lu', tostring(now + lease))
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+-- Numbers are written with %d: Lua's own conversion switches to an
+-- exponent from 10^14 on, which no record may hold.
+local mark = string.format('%d', tonumber(ARGV[4]) - lease)
+if not s then
+  redis.call('SET', KEYS[1], '1p' .. string.char(#ARGV[1]) .. ARGV[1] ..
+    string.char(#ARGV[2]) .. ARGV[2] .. '1:' .. mark, 'PX', ARGV[4])
   return {'c', 1, lease}
 end
-if t ~= 'hash' then
-  return {'v', 'record is a ' .. t}
-end
 
-local r = redis.call('HMGET', KEYS[1], 'v', 'st', 'fp', 'own', 'n', 'lu')
-local v, st, fp, own, n, lu = r[1], r[2], r[3], r[4], count(r[5]), count(r[6])
-if v ~= '1' then
-  return {'v', 'unknown record version ' .. tostring(v)}
-end
--- fp is at most 255 bytes: the finished form gives it one length byte.
-if not n or n < 1 or not lu or not fp or #fp > 255 or (st ~= 'p' and st ~= 'r') then
-  return {'v', 'malformed record'}
+local st, fp, own, n, i, lu = parse(s)
+if not st then
+  return {'v', fp}
 end
 if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then
   return {'x'}
 end
+if st == 'd' or st == 'f' then
+  return {st, s, i}
+end
 if st == 'p' then
+  local left = redis.call('PTTL', KEYS[1]) - lu
   if own == ARGV[2] then
-    return {'c', n, math.max(lu - now, 0)}
+    return {'c', n, math.max(left, 0)}
   end
-  if lu > now then
-    return {'b', lu - now, n}
+  if left > 0 then
+    return {'b', left, n}
   end
 end
 
@@ -71,7 +59,6 @@ end
 -- next attempt number, the fencing token.
 n = n + 1
 if fp == '' then fp = ARGV[1] end
-redis.call('HSET', KEYS[1], 'st', 'p', 'fp', fp, 'own', ARGV[2],
-  'n', tostring(n), 'lu', tostring(now + lease))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('SET', KEYS[1], '1p' .. string.char(#fp) .. fp ..
+  string.char(#ARGV[2]) .. ARGV[2] .. string.format('%d', n) .. ':' .. mark, 'PX', ARGV[4])
 return {'c', n, lease}

@@ -11,14 +11,15 @@
 --
 -- Returns 1 when released, 0 when the caller did not own an in-progress
 -- record (nothing is changed then).
-if kind(KEYS[1]) ~= 'hash' then
+local s = get(KEYS[1])
+if not s then
   return 0
 end
-local r = redis.call('HMGET', KEYS[1], 'own', 'st')
-if r[1] ~= ARGV[1] or r[2] ~= 'p' then
+local st, _, own = parse(s)
+if st ~= 'p' or own ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'st', 'r')
+redis.call('SET', KEYS[1], '1r' .. string.sub(s, 3), 'KEEPTTL')
 if ARGV[2] ~= '' then
   redis.call(ARGV[2], KEYS[2], 'r')
 end

@@ -4,19 +4,19 @@
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
 -- ARGV[1]  owner token
--- ARGV[2]  lease in milliseconds, counted from now (server time)
--- ARGV[3]  retention in milliseconds: the TTL is reset to it, so a record
---          never expires under a running attempt
+-- ARGV[2]  lease in milliseconds, counted from now
+-- ARGV[3]  retention in milliseconds, at least the lease: the TTL is reset
+--          to it, so a record never expires under a running attempt
 --
 -- Returns 1 when renewed, 0 when the caller no longer owns the attempt.
-local now = serverMs()
-if kind(KEYS[1]) ~= 'hash' then
+local s = get(KEYS[1])
+if not s then
   return 0
 end
-local r = redis.call('HMGET', KEYS[1], 'own', 'st')
-if r[1] ~= ARGV[1] or r[2] ~= 'p' then
+local st, _, own, _, i = parse(s)
+if st ~= 'p' or own ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'lu', tostring(now + tonumber(ARGV[2])))
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[1], string.sub(s, 1, i) ..
+  string.format('%d', tonumber(ARGV[3]) - tonumber(ARGV[2])), 'PX', ARGV[3])
 return 1

@@ -3,32 +3,27 @@
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
 --
--- Returns {nowMs, pttlMs, st, n, lu} where pttlMs is PTTL's answer (-2
--- absent, -1 no TTL), st is "" when the record is absent, and n and lu are
--- 0 when unknown (lu is 0 for finished records); or {"v", reason} when the
+-- Returns {nowMs, pttlMs, st, n, lu} where nowMs is the server's clock
+-- (TIME), pttlMs is PTTL's answer (-2 absent, -1 no TTL), st is "" when the
+-- record is absent, n is 0 when absent, and lu is the lease end in server
+-- time for "p" and "r" records (0 otherwise); or {"v", reason} when the
 -- record is not one this version understands.
-local now = serverMs()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local s, why = get(KEYS[1])
+if s == nil then
+  return {'v', why}
+end
 local pttl = redis.call('PTTL', KEYS[1])
-local t = kind(KEYS[1])
-if t == 'none' then
+if not s then
   return {now, pttl, '', 0, 0}
 end
-if t == 'string' then
-  local st, why, _, n = finished(redis.call('GET', KEYS[1]))
-  if not st then
-    return {'v', why}
-  end
-  return {now, pttl, st, n, 0}
+local st, fp, _, n, _, mark = parse(s)
+if not st then
+  return {'v', fp}
 end
-if t ~= 'hash' then
-  return {'v', 'record is a ' .. t}
+local lu = 0
+if mark then
+  lu = math.max(now + pttl - mark, 0)
 end
-local r = redis.call('HMGET', KEYS[1], 'v', 'st', 'n', 'lu', 'fp')
-local n, lu = count(r[3]), count(r[4])
-if r[1] ~= '1' then
-  return {'v', 'unknown record version ' .. tostring(r[1])}
-end
-if (r[2] ~= 'p' and r[2] ~= 'r') or not n or n < 1 or not lu or not r[5] or #r[5] > 255 then
-  return {'v', 'malformed record'}
-end
-return {now, pttl, r[2], n, lu}
+return {now, pttl, st, n, lu}

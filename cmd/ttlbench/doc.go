@@ -42,12 +42,12 @@
 // # Time
 //
 // On miniredis, time is virtual. The server's clock (miniredis SetTime) is
-// moved to each request's time, and the library, which reads time from
-// Redis (TIME in its scripts), follows it. Records expire exactly when their
-// TTL, counted in virtual time, runs out: ttlbench tracks each record's
-// expiry, brings a record's TTL up to date just before a script touches it
-// and deletes it when its time is up, which is what miniredis's FastForward
-// would do at a cost that does not grow with the number of live records.
+// moved to each request's time. Records expire exactly when their TTL,
+// counted in virtual time, runs out: ttlbench tracks each record's expiry,
+// brings a record's TTL up to date just before a script touches it (the
+// library's scripts read leases from the TTL) and deletes it when its time
+// is up, which is what miniredis's FastForward would do at a cost that does
+// not grow with the number of live records.
 // The function given to Do is instant, and WithWait(0) keeps anything from
 // blocking on the wall clock.
 //

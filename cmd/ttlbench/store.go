@@ -46,9 +46,9 @@ type store interface {
 
 // memStore is an embedded miniredis on a virtual clock.
 //
-// Its clock is set (SetTime) to each event's virtual time, and TIME, which
-// the library's scripts read, follows it. TTLs are another matter:
-// miniredis counts them down only in FastForward, which walks and sorts
+// Its clock is set (SetTime) to each event's virtual time. TTLs, from
+// which the library's scripts read leases, are another matter: miniredis
+// counts them down only in FastForward, which walks and sorts
 // every key, so calling it at each event makes a long retention cost time
 // quadratic in the operations. Instead the run (see records) keeps each
 // record's expiry in virtual time, brings a record's TTL up to date just
@@ -96,7 +96,7 @@ func (s *memStore) prefix() string { return "ttlbench" }
 // scale is 1: virtual time is the store's time.
 func (s *memStore) scale() float64 { return 1 }
 
-// wait sets the server's clock, which TIME reports, to virtual time at.
+// wait sets the server's clock to virtual time at.
 func (s *memStore) wait(_ context.Context, at time.Duration) error {
 	s.mr.SetTime(s.start.Add(at))
 	return nil
@@ -109,31 +109,21 @@ func (s *memStore) refresh(key string, left time.Duration) { s.mr.SetTTL(key, le
 // expire deletes a record whose TTL has run out, as Redis would.
 func (s *memStore) expire(key string) { s.mr.Del(key) }
 
-// inspect sizes a record as the bytes of its name plus, for a hash, those
-// of its field names and values: the payload, without Redis's overhead.
+// inspect sizes a record as the bytes of its name and its value: the
+// payload, without Redis's overhead.
 func (s *memStore) inspect(_ context.Context, key string) (time.Duration, int64, bool, error) {
 	if !s.mr.Exists(key) {
 		return 0, 0, false, nil
 	}
 	size := int64(len(key))
-	switch t := s.mr.Type(key); t {
-	case "hash":
-		fields, err := s.mr.HKeys(key)
-		if err != nil {
-			return 0, 0, false, err
-		}
-		for _, f := range fields {
-			size += int64(len(f) + len(s.mr.HGet(key, f)))
-		}
-	case "string":
-		v, err := s.mr.Get(key)
-		if err != nil {
-			return 0, 0, false, err
-		}
-		size += int64(len(v))
-	default:
-		return 0, 0, false, fmt.Errorf("record %q is a %s; ttlbench sizes hashes and strings only", key, t)
+	if t := s.mr.Type(key); t != "string" {
+		return 0, 0, false, fmt.Errorf("record %q is a %s, not a string", key, t)
 	}
+	v, err := s.mr.Get(key)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	size += int64(len(v))
 	return s.mr.TTL(key), size, true, nil
 }
 

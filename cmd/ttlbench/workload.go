@@ -45,7 +45,7 @@ type Plan struct {
 	// read in.
 	Events []Event
 	// Start is the wall-clock time of At = 0, which the server's clock
-	// shows: the library reads time from Redis (TIME), not from Go.
+	// shows: the library reads time from Redis (record TTLs), not from Go.
 	Start time.Time
 	// Source describes where the traffic came from, for titles.
 	Source string

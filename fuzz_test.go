@@ -174,18 +174,6 @@ func wantClaim(v []any) (claimReply, bool) {
 			return claimReply{}, false
 		}
 		r.n, r.leaseLeft = n, time.Duration(lease)*time.Millisecond
-	case 'd', 'f':
-		// The whole finished record and the 1-based position of the ':'
-		// before the payload.
-		if len(v) != 3 {
-			return claimReply{}, false
-		}
-		s, ok1 := v[1].(string)
-		i, ok2 := v[2].(int64)
-		if !ok1 || !ok2 || i < 1 || i > int64(len(s)) || s[i-1] != ':' {
-			return claimReply{}, false
-		}
-		r.payload = s[i:]
 	case 'v':
 		if len(v) != 2 {
 			return claimReply{}, false
@@ -206,23 +194,21 @@ func wantClaim(v []any) (claimReply, bool) {
 }
 
 func FuzzClaimReply(f *testing.F) {
-	// done and failed replies carry the whole finished record and the
-	// position of the ':' before the payload.
+	// A finished record comes back as a string, not in an array (see
+	// FuzzFinished): an array that starts with "d" or "f" is malformed.
 	rec := func(st, payload string) []any {
 		s := buildRecord("1", st, "fp", "owner", "12", payload)
-		return []any{st, s, int64(len(s) - len(payload))} // the 1-based position of the ':
+		return []any{st, s, int64(len(s) - len(payload))}
 	}
 	for _, v := range [][]any{
 		{"c", int64(1), int64(30000)},
 		{"c", int64(7), int64(0)},
 		{"b", int64(1500), int64(2)},
-		rec("d", "result bytes"),
-		rec("d", ""),
-		rec("d", "a:b"),
-		rec("f", "card declined"),
 		{"x"},
 		{"v", "malformed record"},
 		// Malformed.
+		rec("d", "result bytes"),
+		rec("f", "card declined"),
 		{},
 		{"c"},
 		{"c", int64(1)},
@@ -269,6 +255,57 @@ func FuzzClaimReply(f *testing.F) {
 			t.Fatalf("parseClaim(%#v): %v, want %+v", v, err, want)
 		case ok && got != want:
 			t.Fatalf("parseClaim(%#v) = %+v, want %+v", v, got, want)
+		}
+	})
+}
+
+// FuzzFinished checks readFinished, which reads the finished records that
+// claim.lua returns whole, against the reference reader readString: a
+// record it calls malformed, or one in progress or released (claim.lua
+// never returns those whole), must be refused ('v'); a well-formed one
+// gives a conflict when both fingerprints are set and differ, else its
+// state and payload.
+func FuzzFinished(f *testing.F) {
+	for _, s := range []struct{ record, fp string }{
+		{buildRecord("1", "d", "", "owner", "1", "stored"), ""},
+		{buildRecord("1", "d", "fp", "owner", "12", "a:b:c"), "fp"},
+		{buildRecord("1", "d", "fp", "owner", "12", "x"), "other"},
+		{buildRecord("1", "d", "", "owner", "12", "x"), "other"},
+		{buildRecord("1", "f", "fp", "owner", "3", "declined"), ""},
+		{buildRecord("1", "d", "fp", "o:w", "007", ""), "fp"},
+		{buildRecord("1", "d", "fp", "owner", "123456789012345", "x"), "fp"},
+		{buildRecord("1", "d", "fp", "owner", "1234567890123456", "x"), "fp"},
+		{buildRecord("1", "d", "fp", "owner", "0", "x"), "fp"},
+		{buildRecord("1", "d", "fp", "owner", "-1", "x"), "fp"},
+		{buildRecord("1", "d", "fp", "owner", "", "x"), "fp"},
+		{buildRecord("2", "d", "fp", "owner", "1", "x"), "fp"},
+		{buildRecord("1", "p", "fp", "owner", "1", "0"), "fp"},
+		{"", ""},
+		{"1d", ""},
+		{"1d\x05ab", ""},
+		{"1d\x00\x09own:1:x", ""},
+		{"1d\x00\x00", ""},
+		{"1d\x00\x00:x", ""},
+	} {
+		f.Add(s.record, s.fp)
+	}
+	f.Fuzz(func(t *testing.T, s, fp string) {
+		got := readFinished(s, fp)
+		rec := readString(s)
+		var want claimReply
+		switch {
+		case rec.malformed != "" || rec.st == "p" || rec.st == "r":
+			if got.kind != 'v' || got.payload == "" {
+				t.Fatalf("readFinished(%q, %q) = %+v; want it refused (%s)", s, fp, got, rec.malformed)
+			}
+			return
+		case fp != "" && rec.fp != "" && fp != rec.fp:
+			want = claimReply{kind: 'x'}
+		default:
+			want = claimReply{kind: rec.st[0], payload: rec.payload}
+		}
+		if got != want {
+			t.Fatalf("readFinished(%q, %q) = %+v, want %+v", s, fp, got, want)
 		}
 	})
 }

@@ -361,11 +361,55 @@ type claimReply struct {
 
 // claim runs lua/claim.lua; keys are the record's and its channel's.
 func (c *Client) claim(ctx context.Context, keys []string, fp, token string) (claimReply, error) {
-	v, err := c.write(ctx, claimScript, keys[:1], fp, token, c.leaseMs, c.retentionMs).Slice()
+	v, err := c.write(ctx, claimScript, keys[:1], fp, token, c.leaseMs, c.retentionMs).Result()
 	if err != nil {
 		return claimReply{}, err
 	}
-	return parseClaim(v)
+	switch v := v.(type) {
+	case string:
+		return readFinished(v, fp), nil
+	case []any:
+		return parseClaim(v)
+	}
+	return claimReply{}, fmt.Errorf("%w: unexpected claim reply %v", ErrCorrupt, v)
+}
+
+// readFinished reads a finished record, which claim.lua returns whole (see
+// lua/record.lua for the format), for a call with fingerprint digest fp:
+// its outcome ('d' or 'f', with the payload), a conflict ('x') when the
+// stored fingerprint differs, or 'v' with the reason when the record is not
+// one this version understands. It checks what lua/record.lua's parse
+// checks.
+func readFinished(s, fp string) claimReply {
+	bad := claimReply{kind: 'v', payload: "malformed record"}
+	if s == "" || s[0] != '1' {
+		return claimReply{kind: 'v', payload: "unknown record version"}
+	}
+	if len(s) < 3 || (s[1] != 'd' && s[1] != 'f') {
+		return bad
+	}
+	fpEnd := 3 + int(s[2]) // fp is s[3:fpEnd]; the owner's length byte is at fpEnd
+	if fpEnd+1 > len(s) || fpEnd+1+int(s[fpEnd]) >= len(s) {
+		return bad // lengths past the end, or no attempt number after the owner
+	}
+	nStart := fpEnd + 1 + int(s[fpEnd])
+	colon := strings.IndexByte(s[nStart:], ':')
+	if colon < 1 || colon > 15 {
+		return bad
+	}
+	n := s[nStart : nStart+colon]
+	for i := 0; i < len(n); i++ {
+		if n[i] < '0' || n[i] > '9' {
+			return bad
+		}
+	}
+	if strings.Trim(n, "0") == "" {
+		return bad // attempt 0
+	}
+	if stored := s[3:fpEnd]; fp != "" && stored != "" && stored != fp {
+		return claimReply{kind: 'x'}
+	}
+	return claimReply{kind: s[1], payload: s[nStart+colon+1:]}
 }
 
 // write runs a script that changes a record. With WithReplicas, the script
@@ -444,18 +488,6 @@ func parseClaim(v []any) (claimReply, error) {
 			return bad()
 		}
 		r.n, r.leaseLeft = a, time.Duration(b)*time.Millisecond
-	case 'd', 'f':
-		// The whole record and the 1-based position of the ":" before the
-		// payload: cutting the payload out here copies nothing.
-		if len(v) != 3 {
-			return bad()
-		}
-		s, ok1 := v[1].(string)
-		i, ok2 := v[2].(int64)
-		if !ok1 || !ok2 || i < 1 || i > int64(len(s)) || s[i-1] != ':' {
-			return bad()
-		}
-		r.payload = s[i:]
 	case 'v':
 		if len(v) != 2 {
 			return bad()
@@ -493,15 +525,31 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 	}
 }
 
-// complete records an outcome with compare-and-set on the owner token,
-// retrying with a detached context until the store timeout. It never
-// releases: fn has acted.
-func (c *Client) complete(ctx context.Context, keys []string, token string, state any, payload []byte) error {
+// finishedRecord builds the record that stores an outcome (see
+// lua/record.lua): state 'd' with the result, or 'f' with the permanent
+// error's message, as payload, after the header of attempt n claimed with
+// fingerprint digest fp and owner token. Built here, it reaches Redis as
+// one argument that complete.lua stores as it is: Lua copies nothing.
+func finishedRecord(state byte, fp, token string, n int64, payload []byte) []byte {
+	b := make([]byte, 0, 3+len(fp)+1+len(token)+20+1+len(payload))
+	b = append(b, '1', state, byte(len(fp)))
+	b = append(b, fp...)
+	b = append(b, byte(len(token)))
+	b = append(b, token...)
+	b = strconv.AppendInt(b, n, 10)
+	b = append(b, ':')
+	return append(b, payload...)
+}
+
+// complete records an outcome, a record built by finishedRecord, with
+// compare-and-set on the owner token, retrying with a detached context
+// until the store timeout. It never releases: fn has acted.
+func (c *Client) complete(ctx context.Context, keys []string, token string, record []byte) error {
 	dctx, cancel := c.detached(ctx)
 	defer cancel()
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := c.write(dctx, completeScript, keys, token, state, payload, c.retentionMs, c.publish).Int64()
+		n, err := c.write(dctx, completeScript, keys, token, record, c.retentionMs, c.publish).Int64()
 		switch {
 		case err == nil && n == 1:
 			return nil
@@ -524,11 +572,11 @@ func (c *Client) complete(ctx context.Context, keys []string, token string, stat
 	}
 }
 
-// own runs fn as the owner of attempt n, claimed with a request sent at
-// claimed, and records its outcome. retry tells in-process followers (see
+// own runs fn as the owner of attempt n, claimed with fingerprint digest fp
+// and a request sent at claimed, and records its outcome. retry tells in-process followers (see
 // flights) that this outcome is not theirs to share: they should try the
 // key themselves.
-func (c *Client) own(ctx context.Context, key string, keys []string, token string, n int64, claimed time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
+func (c *Client) own(ctx context.Context, key string, keys []string, fp, token string, n int64, claimed time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, attemptKey{}, Attempt{Key: key, Number: n}))
 	defer cancel(nil)
 	stopRenew := c.renewWhile(fctx, keys, token, claimed, cancel)
@@ -553,14 +601,17 @@ func (c *Client) own(ctx context.Context, key string, keys []string, token strin
 		c.release(ctx, keys, token)
 		return nil, err, true
 	}
-	state, payload := argDone, res
-	if err != nil {
-		state, payload = argFailed, []byte(err.Error())
-	} else if len(res) > c.cfg.maxResultSize {
+	var record []byte
+	switch {
+	case err != nil:
+		record = finishedRecord('f', fp, token, n, []byte(err.Error()))
+	case len(res) > c.cfg.maxResultSize:
 		err = tooLarge(len(res), c.cfg.maxResultSize)
-		state, payload, res = argFailed, []byte(err.Error()), nil
+		record, res = finishedRecord('f', fp, token, n, []byte(err.Error())), nil
+	default:
+		record = finishedRecord('d', fp, token, n, res)
 	}
-	if serr := c.complete(ctx, keys, token, state, payload); serr != nil {
+	if serr := c.complete(ctx, keys, token, record); serr != nil {
 		if err != nil {
 			return res, errors.Join(serr, err), true
 		}
@@ -568,9 +619,6 @@ func (c *Client) own(ctx context.Context, key string, keys []string, token strin
 	}
 	return res, err, false
 }
-
-// The outcome states of lua/complete.lua, boxed once.
-var argDone, argFailed any = "d", "f"
 
 // renewWhile renews the lease every third of it until the returned stop is
 // called, which waits for the renewer to end. Most fns end before the first

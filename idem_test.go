@@ -761,3 +761,34 @@ func TestClosedClient(t *testing.T) {
 		t.Fatal("nil Client: no error")
 	}
 }
+
+// A call without a fingerprint that takes over a key claimed with one
+// keeps the fingerprint: complete.lua rebuilds the record's header from the
+// stored one (the caller built its record without it), and the key still
+// refuses other parameters.
+func TestTakeoverWithoutFingerprintKeepsIt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithWait(0))
+		ctx := context.Background()
+		var l ledger
+		if _, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			l.add(ctx)
+			return nil, errors.New("transient")
+		}); err == nil {
+			t.Fatal("no error from a failing fn")
+		}
+		got, err := c.Do(ctx, "k", "", l.fn("x"))
+		if err != nil || string(got) != "x#2" {
+			t.Fatalf("takeover without a fingerprint: got %q, %v; want x#2", got, err)
+		}
+		if got, err := c.Do(ctx, "k", "fp", l.fn("y")); err != nil || string(got) != "x#2" {
+			t.Fatalf("replay with the first fingerprint: got %q, %v; want x#2", got, err)
+		}
+		if _, err := c.Do(ctx, "k", "other", l.fn("z")); !errors.Is(err, idem.ErrConflict) {
+			t.Fatalf("other parameters: got %v, want ErrConflict", err)
+		}
+		if n := l.count("k"); n != 2 {
+			t.Fatalf("fn ran %d times, want 2", n)
+		}
+	})
+}

@@ -67,7 +67,7 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 				w.stop()
 				w = nil
 			}
-			return c.own(ctx, key, keys, token, r.n, sent, fn)
+			return c.own(ctx, key, keys, fp, token, r.n, sent, fn)
 		case 'd':
 			return []byte(r.payload), nil, false
 		case 'f':

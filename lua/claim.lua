@@ -11,16 +11,17 @@
 --   {"c", n, leaseLeftMs}  claimed: the caller owns attempt n. A repeat with
 --                          the same token (go-redis re-sends a script whose
 --                          reply was lost) answers the same.
---   {"d", record, i}       done: the stored result is record's bytes after
---                          position i (1-based): the caller cuts it out, so
---                          a large result is not copied in Lua.
---   {"f", record, i}       failed: likewise the stored permanent error.
+--   record                 a finished record ("d" done, "f" failed), whole, as
+--                          a string: the caller reads it, checks the
+--                          fingerprint and cuts the outcome out. Nothing
+--                          changes then, so the check need not be atomic,
+--                          and Lua neither parses nor copies the record.
 --   {"b", leaseLeftMs, n}  busy: another caller holds a live lease on attempt n.
 --   {"x"}                  conflict: the stored fingerprint differs.
 --   {"v", reason}          the record is not one this version understands.
 --
 -- Nothing is written unless the caller claims, and then in one SET. A new
--- key costs one GET and that SET.
+-- key costs one GET and that SET; a replay one GET.
 local s, why = get(KEYS[1])
 if s == nil then
   return {'v', why}
@@ -35,15 +36,17 @@ if not s then
   return {'c', 1, lease}
 end
 
-local st, fp, own, n, i, lu = parse(s)
+local st = string.sub(s, 2, 2)
+if st == 'd' or st == 'f' then
+  return s
+end
+local fp, own, n, i, lu
+st, fp, own, n, i, lu = parse(s)
 if not st then
   return {'v', fp}
 end
 if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then
   return {'x'}
-end
-if st == 'd' or st == 'f' then
-  return {st, s, i}
 end
 if st == 'p' then
   local left = redis.call('PTTL', KEYS[1]) - lu

@@ -5,10 +5,10 @@
 -- KEYS[1]  the record, <prefix>:{<key>}
 -- KEYS[2]  its notification channel, <prefix>:{<key>}:done (same slot)
 -- ARGV[1]  owner token
--- ARGV[2]  outcome state: "d" (result) or "f" (permanent error)
--- ARGV[3]  the result bytes (for "d") or the error message (for "f")
--- ARGV[4]  retention in milliseconds (the record's TTL from now on)
--- ARGV[5]  the publish command, "PUBLISH" or "SPUBLISH"; "" publishes nothing
+-- ARGV[2]  the finished record, built by the caller from its claim: state
+--          "d" with the result, or "f" with the permanent error's message
+-- ARGV[3]  retention in milliseconds (the record's TTL from now on)
+-- ARGV[4]  the publish command, "PUBLISH" or "SPUBLISH"; "" publishes nothing
 --
 -- Returns 1 when the outcome is stored (a repeat with the same token after a
 -- success is a no-op that also returns 1), and 0 when the caller no longer
@@ -21,12 +21,27 @@ local st, _, own, _, i = parse(s)
 if own ~= ARGV[1] then
   return 0
 end
-if st ~= 'p' then
-  return st == ARGV[2] and 1 or 0
+local rec = ARGV[2]
+local done = string.sub(rec, 2, 2)
+if done ~= 'd' and done ~= 'f' then
+  return redis.error_reply('idem: complete: the record to store is not finished')
 end
--- The header (fp, owner, attempt) is kept; the tail becomes the payload.
-redis.call('SET', KEYS[1], '1' .. ARGV[2] .. string.sub(s, 3, i) .. ARGV[3], 'PX', ARGV[4])
-if ARGV[5] ~= '' then
-  redis.call(ARGV[5], KEYS[2], ARGV[2])
+if st ~= 'p' then
+  return st == done and 1 or 0
+end
+-- The caller's record is stored as it is when its header (fingerprint,
+-- owner, attempt) is the one in Redis, so the payload is not copied in Lua.
+-- It is not when the caller claimed without a fingerprint a record that
+-- keeps an earlier caller's: the header is then Redis's.
+if string.sub(rec, 1, 1) ~= '1' or string.sub(rec, 3, i) ~= string.sub(s, 3, i) then
+  local _, _, _, _, j = parse(rec)
+  if not j then
+    return redis.error_reply('idem: complete: malformed record to store')
+  end
+  rec = '1' .. done .. string.sub(s, 3, i) .. string.sub(rec, j + 1)
+end
+redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call(ARGV[4], KEYS[2], done)
 end
 return 1

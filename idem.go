@@ -529,22 +529,29 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 // lua/record.lua): state 'd' with the result, or 'f' with the permanent
 // error's message, as payload, after the header of attempt n claimed with
 // fingerprint digest fp and owner token. Built here, it reaches Redis as
-// one argument that complete.lua stores as it is: Lua copies nothing.
-func finishedRecord(state byte, fp, token string, n int64, payload []byte) []byte {
-	b := make([]byte, 0, 3+len(fp)+1+len(token)+20+1+len(payload))
-	b = append(b, '1', state, byte(len(fp)))
-	b = append(b, fp...)
-	b = append(b, byte(len(token)))
-	b = append(b, token...)
-	b = strconv.AppendInt(b, n, 10)
-	b = append(b, ':')
-	return append(b, payload...)
+// one argument that complete.lua stores as it is: Lua copies nothing. A
+// strings.Builder does not zero its buffer before the payload is copied
+// in, which counts for large results.
+func finishedRecord(state byte, fp, token string, n int64, payload []byte) string {
+	var b strings.Builder
+	b.Grow(3 + len(fp) + 1 + len(token) + 20 + 1 + len(payload))
+	b.WriteByte('1')
+	b.WriteByte(state)
+	b.WriteByte(byte(len(fp)))
+	b.WriteString(fp)
+	b.WriteByte(byte(len(token)))
+	b.WriteString(token)
+	var num [20]byte
+	b.Write(strconv.AppendInt(num[:0], n, 10))
+	b.WriteByte(':')
+	b.Write(payload)
+	return b.String()
 }
 
 // complete records an outcome, a record built by finishedRecord, with
 // compare-and-set on the owner token, retrying with a detached context
 // until the store timeout. It never releases: fn has acted.
-func (c *Client) complete(ctx context.Context, keys []string, token string, record []byte) error {
+func (c *Client) complete(ctx context.Context, keys []string, token string, record string) error {
 	dctx, cancel := c.detached(ctx)
 	defer cancel()
 	var lastErr error
@@ -601,7 +608,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 		c.release(ctx, keys, token)
 		return nil, err, true
 	}
-	var record []byte
+	var record string
 	switch {
 	case err != nil:
 		record = finishedRecord('f', fp, token, n, []byte(err.Error()))

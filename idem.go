@@ -581,9 +581,8 @@ func (c *Client) complete(ctx context.Context, keys []string, token string, reco
 
 // own runs fn as the owner of attempt n, claimed with fingerprint digest fp
 // and a request sent at claimed, and records its outcome. retry tells
-// in-process followers (see
-// flights) that this outcome is not theirs to share: they should try the
-// key themselves.
+// in-process followers (see flights) that this outcome is not theirs to
+// share: they should try the key themselves.
 func (c *Client) own(ctx context.Context, key string, keys []string, fp, token string, n int64, claimed time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, attemptKey{}, Attempt{Key: key, Number: n}))
 	defer cancel(nil)

@@ -60,3 +60,17 @@ func scriptByName(name string) script {
 	}
 	panic("no script " + name)
 }
+
+// ClaimReply is a decoded reply of lua/claim.lua, for TestClaimResult.
+type ClaimReply struct {
+	Kind      byte
+	N         int64
+	LeaseLeft time.Duration
+	Payload   string
+}
+
+// ClaimResult decodes a reply of lua/claim.lua (see claimResult).
+func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
+	r, err := claimResult(v, fp, lease)
+	return ClaimReply{r.kind, r.n, r.leaseLeft, r.payload}, err
+}

@@ -121,6 +121,9 @@ type Client struct {
 	// "SPUBLISH" ("" in tests that lose notifications), and the lease and
 	// retention in milliseconds.
 	publish, leaseMs, retentionMs any
+	// mark is the lease mark of a new claim (see lua/record.lua), in
+	// decimal: the retention less the lease, in milliseconds.
+	mark string
 
 	hub     *hub
 	flights flights
@@ -149,6 +152,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c := &Client{
 		rdb: rdb, cfg: cfg, firstPoll: defaultFirstPoll,
 		publish: "PUBLISH", leaseMs: cfg.lease.Milliseconds(), retentionMs: cfg.retention.Milliseconds(),
+		mark: strconv.FormatInt(cfg.retention.Milliseconds()-cfg.lease.Milliseconds(), 10),
 	}
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"
@@ -361,11 +365,46 @@ type claimReply struct {
 
 // claim runs lua/claim.lua; keys are the record's and its channel's.
 func (c *Client) claim(ctx context.Context, keys []string, fp, token string) (claimReply, error) {
-	v, err := c.write(ctx, claimScript, keys[:1], fp, token, c.leaseMs, c.retentionMs).Result()
+	v, err := c.write(ctx, claimScript, keys[:1], fp, token, c.leaseMs, c.retentionMs, c.claimRecord(fp, token, 1)).Result()
 	if err != nil {
 		return claimReply{}, err
 	}
+	return claimResult(v, fp, c.cfg.lease)
+}
+
+// claimRecord builds the record of a claim (see lua/record.lua): attempt n
+// in progress, with fingerprint digest fp, owner token and the lease mark,
+// as claim.lua writes it and renew.lua keeps it. claim.lua stores it as it
+// is when the key is new; complete.lua finds it unchanged while the claim
+// is the caller's.
+func (c *Client) claimRecord(fp, token string, n int64) string {
+	var b strings.Builder
+	b.Grow(3 + len(fp) + 1 + len(token) + 20 + 1 + len(c.mark))
+	b.WriteString("1p")
+	b.WriteByte(byte(len(fp)))
+	b.WriteString(fp)
+	b.WriteByte(byte(len(token)))
+	b.WriteString(token)
+	var num [20]byte
+	b.Write(strconv.AppendInt(num[:0], n, 10))
+	b.WriteByte(':')
+	b.WriteString(c.mark)
+	return b.String()
+}
+
+// claimResult reads a reply of lua/claim.lua to a call with fingerprint
+// digest fp and the given lease: an attempt number (claimed, with the whole
+// lease), 0 (a conflict), a finished record (see readFinished), or an array
+// (see parseClaim).
+func claimResult(v any, fp string, lease time.Duration) (claimReply, error) {
 	switch v := v.(type) {
+	case int64:
+		switch {
+		case v == 0:
+			return claimReply{kind: 'x'}, nil
+		case v >= 1:
+			return claimReply{kind: 'c', n: v, leaseLeft: lease}, nil
+		}
 	case string:
 		return readFinished(v, fp), nil
 	case []any:
@@ -457,6 +496,8 @@ func (c *Client) write(ctx context.Context, s script, keys []string, args ...any
 	return cmd
 }
 
+// parseClaim reads the array replies of lua/claim.lua: claimed before
+// ('c'), busy ('b'), or a record this version does not understand ('v').
 func parseClaim(v []any) (claimReply, error) {
 	bad := func() (claimReply, error) {
 		return claimReply{}, fmt.Errorf("%w: unexpected claim reply %v", ErrCorrupt, v)
@@ -497,10 +538,6 @@ func parseClaim(v []any) (claimReply, error) {
 			return bad()
 		}
 		r.payload = s
-	case 'x':
-		if len(v) != 1 {
-			return bad()
-		}
 	default:
 		return bad()
 	}
@@ -549,14 +586,15 @@ func finishedRecord(state byte, fp, token string, n int64, payload []byte) strin
 }
 
 // complete records an outcome, a record built by finishedRecord, with
-// compare-and-set on the owner token, retrying with a detached context
-// until the store timeout. It never releases: fn has acted.
-func (c *Client) complete(ctx context.Context, keys []string, token string, record string) error {
+// compare-and-set on the claim (claimed, built by claimRecord), retrying
+// with a detached context until the store timeout. It never releases: fn
+// has acted.
+func (c *Client) complete(ctx context.Context, keys []string, claimed, record string) error {
 	dctx, cancel := c.detached(ctx)
 	defer cancel()
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := c.write(dctx, completeScript, keys, token, record, c.retentionMs, c.publish).Int64()
+		n, err := c.write(dctx, completeScript, keys, claimed, record, c.retentionMs, c.publish).Int64()
 		switch {
 		case err == nil && n == 1:
 			return nil
@@ -618,7 +656,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	default:
 		record = finishedRecord('d', fp, token, n, res)
 	}
-	if serr := c.complete(ctx, keys, token, record); serr != nil {
+	if serr := c.complete(ctx, keys, c.claimRecord(fp, token, n), record); serr != nil {
 		if err != nil {
 			return res, errors.Join(serr, err), true
 		}

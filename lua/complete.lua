@@ -1,12 +1,15 @@
 -- complete.lua: record the outcome of an attempt, only if the caller still
--- owns it (compare-and-set on the owner token), and wake the waiters.
+-- owns it (compare-and-set on the claim), and wake the waiters.
 -- (lua/record.lua, prepended, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
 -- KEYS[2]  its notification channel, <prefix>:{<key>}:done (same slot)
--- ARGV[1]  owner token
--- ARGV[2]  the finished record, built by the caller from its claim: state
---          "d" with the result, or "f" with the permanent error's message
+-- ARGV[1]  the caller's claim: the record as claim.lua wrote it for the
+--          caller (in progress, with its fingerprint, owner token, attempt
+--          and lease mark), and as renew.lua keeps it
+-- ARGV[2]  the finished record, built by the caller from the same header:
+--          state "d" with the result, or "f" with the permanent error's
+--          message
 -- ARGV[3]  retention in milliseconds (the record's TTL from now on)
 -- ARGV[4]  the publish command, "PUBLISH" or "SPUBLISH"; "" publishes nothing
 --
@@ -17,30 +20,39 @@ local s = get(KEYS[1])
 if not s then
   return 0
 end
-local st, _, own, _, i = parse(s)
-if own ~= ARGV[1] then
-  return 0
-end
 local rec = ARGV[2]
 local done = string.sub(rec, 2, 2)
 if done ~= 'd' and done ~= 'f' then
   return redis.error_reply('idem: complete: the record to store is not finished')
 end
+-- The usual case: the record is still the caller's claim, byte for byte
+-- (Lua compares its strings by reference). The finished record is stored
+-- as it is, so the payload is not copied in Lua.
+if s == ARGV[1] then
+  redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
+  if ARGV[4] ~= '' then
+    redis.call(ARGV[4], KEYS[2], done)
+  end
+  return 1
+end
+
+-- Otherwise: the record has moved on (another owner, released, finished,
+-- gone), or the caller's header lacks the fingerprint that the record
+-- keeps from an earlier caller (a call without one took the key over):
+-- the header is then Redis's, and the payload is copied behind it.
+local _, _, token = parse(ARGV[1])
+local st, _, own, _, i = parse(s)
+if not token or own ~= token then
+  return 0
+end
 if st ~= 'p' then
   return st == done and 1 or 0
 end
--- The caller's record is stored as it is when its header (fingerprint,
--- owner, attempt) is the one in Redis, so the payload is not copied in Lua.
--- It is not when the caller claimed without a fingerprint a record that
--- keeps an earlier caller's: the header is then Redis's.
-if string.sub(rec, 1, 1) ~= '1' or string.sub(rec, 3, i) ~= string.sub(s, 3, i) then
-  local _, _, _, _, j = parse(rec)
-  if not j then
-    return redis.error_reply('idem: complete: malformed record to store')
-  end
-  rec = '1' .. done .. string.sub(s, 3, i) .. string.sub(rec, j + 1)
+local _, _, _, _, j = parse(rec)
+if not j then
+  return redis.error_reply('idem: complete: malformed record to store')
 end
-redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
+redis.call('SET', KEYS[1], '1' .. done .. string.sub(s, 3, i) .. string.sub(rec, j + 1), 'PX', ARGV[3])
 if ARGV[4] ~= '' then
   redis.call(ARGV[4], KEYS[2], done)
 end

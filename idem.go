@@ -363,9 +363,10 @@ type claimReply struct {
 	payload   string        // result ('d'), message ('f'), reason ('v')
 }
 
-// claim runs lua/claim.lua; keys are the record's and its channel's.
-func (c *Client) claim(ctx context.Context, keys []string, fp, token string) (claimReply, error) {
-	v, err := c.write(ctx, claimScript, keys[:1], fp, token, c.leaseMs, c.retentionMs, c.claimRecord(fp, token, 1)).Result()
+// claim runs lua/claim.lua; keys are the record's and its channel's, first
+// the record a claim of a new key writes (claimRecord of attempt 1).
+func (c *Client) claim(ctx context.Context, keys []string, fp, token, first string) (claimReply, error) {
+	v, err := c.write(ctx, claimScript, keys[:1], fp, token, c.leaseMs, c.retentionMs, first).Result()
 	if err != nil {
 		return claimReply{}, err
 	}
@@ -618,13 +619,14 @@ func (c *Client) complete(ctx context.Context, keys []string, claimed, record st
 }
 
 // own runs fn as the owner of attempt n, claimed with fingerprint digest fp
-// and a request sent at claimed, and records its outcome. retry tells
-// in-process followers (see flights) that this outcome is not theirs to
-// share: they should try the key themselves.
-func (c *Client) own(ctx context.Context, key string, keys []string, fp, token string, n int64, claimed time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
+// by a request sent at sent that wrote the record claimed (see
+// claimRecord), and records its outcome. retry tells in-process followers
+// (see flights) that this outcome is not theirs to share: they should try
+// the key themselves.
+func (c *Client) own(ctx context.Context, key string, keys []string, fp, token, claimed string, n int64, sent time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, attemptKey{}, Attempt{Key: key, Number: n}))
 	defer cancel(nil)
-	stopRenew := c.renewWhile(fctx, keys, token, claimed, cancel)
+	stopRenew := c.renewWhile(fctx, keys, token, sent, cancel)
 
 	var panicked bool
 	var pv any
@@ -656,7 +658,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	default:
 		record = finishedRecord('d', fp, token, n, res)
 	}
-	if serr := c.complete(ctx, keys, c.claimRecord(fp, token, n), record); serr != nil {
+	if serr := c.complete(ctx, keys, claimed, record); serr != nil {
 		if err != nil {
 			return res, errors.Join(serr, err), true
 		}

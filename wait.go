@@ -23,6 +23,7 @@ const defaultFirstPoll = 25 * time.Millisecond
 func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	keys := c.keys(key)
 	token := newToken()
+	first := c.claimRecord(fp, token, 1) // what a claim of a new key writes
 	var (
 		w        *watcher
 		deadline time.Time
@@ -40,7 +41,7 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 	}()
 	for {
 		sent := time.Now()
-		r, err := c.claim(ctx, keys, fp, token)
+		r, err := c.claim(ctx, keys, fp, token, first)
 		if err != nil {
 			if mayHaveRun(err) || errors.Is(err, ErrNotReplicated) {
 				// The claim may have happened with its reply lost: give it
@@ -67,7 +68,11 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 				w.stop()
 				w = nil
 			}
-			return c.own(ctx, key, keys, fp, token, r.n, sent, fn)
+			claimed := first
+			if r.n != 1 {
+				claimed = c.claimRecord(fp, token, r.n)
+			}
+			return c.own(ctx, key, keys, fp, token, claimed, r.n, sent, fn)
 		case 'd':
 			return []byte(r.payload), nil, false
 		case 'f':
@@ -137,8 +142,10 @@ type flights struct {
 }
 
 type flight struct {
-	fp    string
-	done  chan struct{} // closed when res, err and retry are set
+	fp string
+	// done is closed when res, err and retry are set. It is made (under
+	// flights.mu) when the first follower comes: most calls have none.
+	done  chan struct{}
 	res   []byte
 	err   error
 	retry bool // the leader's outcome is not for followers: they try themselves
@@ -167,12 +174,16 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 			return res, err
 		}
 		if ok {
+			if fl.done == nil {
+				fl.done = make(chan struct{})
+			}
+			done := fl.done
 			f.mu.Unlock()
 			if timer == nil {
 				timer = time.NewTimer(c.cfg.wait)
 			}
 			select {
-			case <-fl.done:
+			case <-done:
 				if fl.retry {
 					continue
 				}
@@ -185,7 +196,7 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 				return nil, ErrClosed
 			}
 		}
-		fl = &flight{fp: fp, done: make(chan struct{})}
+		fl = &flight{fp: fp}
 		if f.m == nil {
 			f.m = make(map[string]*flight)
 		}
@@ -200,8 +211,11 @@ func (f *flights) lead(ctx context.Context, c *Client, key string, fl *flight, f
 	defer func() {
 		f.mu.Lock()
 		delete(f.m, key)
+		done := fl.done
 		f.mu.Unlock()
-		close(fl.done)
+		if done != nil {
+			close(done)
+		}
 	}()
 	res, err, retry := c.run(ctx, key, fl.fp, fn)
 	fl.res, fl.err, fl.retry = res, err, retry

@@ -410,6 +410,116 @@ func BenchmarkConflict(b *testing.B) {
 	})
 }
 
+// BenchmarkScripts measures what the server spends in the scripts of a new
+// key (claim, then complete, with a 100-byte result), idem's beside the
+// raw baseline's, without the client: the scripts go in pipelines of 100
+// keys, and the server's own count of the time in EVALSHA (INFO
+// commandstats) gives script-us/op, which the round trips and the client
+// do not blur. One op is one key.
+func BenchmarkScripts(b *testing.B) {
+	srv := benchRedis(b)
+	if !srv.real {
+		b.Skip("needs a redis-server: miniredis keeps no command statistics")
+	}
+	ctx := context.Background()
+	p := benchPayload(100)
+	const batch = 100
+	run := func(b *testing.B, claim, complete *redis.Script, args func(key string) (claim, complete []any)) {
+		rdb := benchClient(b, srv.addr)
+		ks := newBenchKeys(b, rdb, rawKey, len(p))
+		if err := claim.Load(ctx, rdb).Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := complete.Load(ctx, rdb).Err(); err != nil {
+			b.Fatal(err)
+		}
+		var usec, calls float64
+		pipeline := func(send func(pipe redis.Pipeliner)) {
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			pipe := rdb.Pipeline()
+			send(pipe)
+			cmds, err := pipe.Exec(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, cmd := range cmds {
+				if v, _ := cmd.(*redis.Cmd).Result(); v == int64(0) || v == nil {
+					b.Fatalf("a script answered %v", v)
+				}
+			}
+			u, c := evalshaStats(b, rdb)
+			usec, calls = usec+u, calls+c
+		}
+		b.ResetTimer()
+		for b.Loop() {
+			b.StopTimer()
+			rks, cargs, pargs := make([]string, batch), make([][]any, batch), make([][]any, batch)
+			for i := range rks {
+				rks[i] = rawKey(ks.next())
+				cargs[i], pargs[i] = args(rks[i])
+			}
+			b.StartTimer()
+			pipeline(func(pipe redis.Pipeliner) {
+				for i, rk := range rks {
+					pipe.EvalSha(ctx, claim.Hash(), []string{rk}, cargs[i]...)
+				}
+			})
+			pipeline(func(pipe redis.Pipeliner) {
+				for i, rk := range rks {
+					pipe.EvalSha(ctx, complete.Hash(), []string{rk, rk + ":done"}, pargs[i]...)
+				}
+			})
+			ks.maybeFlush()
+		}
+		if calls != float64(2*batch*b.N) {
+			b.Fatalf("the server counted %v script calls, want %d", calls, 2*batch*b.N)
+		}
+		b.ReportMetric(usec/float64(batch*b.N), "script-us/op")
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(batch*b.N), "ns/op")
+	}
+	b.Run("idem", func(b *testing.B) {
+		c := benchIdem(b, srv.addr)
+		claim := redis.NewScript(idem.ScriptSource("claim"))
+		complete := redis.NewScript(idem.ScriptSource("complete"))
+		run(b, claim, complete, func(string) (claim, complete []any) {
+			return idem.NewKeyArgs(c, benchFingerprint, rawToken, p)
+		})
+	})
+	b.Run("raw", func(b *testing.B) {
+		run(b, rawClaim, rawComplete, func(string) (claim, complete []any) {
+			return []any{rawToken, benchRetention.Milliseconds()}, []any{p}
+		})
+	})
+}
+
+// evalshaStats reads the time the server spent in EVALSHA (µs) and the
+// number of calls, from INFO commandstats, since the last CONFIG RESETSTAT.
+func evalshaStats(b *testing.B, rdb *redis.Client) (usec, calls float64) {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			f, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				calls = f
+			case "usec":
+				usec = f
+			}
+		}
+	}
+	return usec, calls
+}
+
 // BenchmarkNewKeyParallel runs new keys with 100-byte results from 8
 // goroutines per CPU, as a busy service does.
 func BenchmarkNewKeyParallel(b *testing.B) {

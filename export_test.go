@@ -74,3 +74,14 @@ func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
 	r, err := claimResult(v, fp, lease)
 	return ClaimReply{r.kind, r.n, r.leaseLeft, r.payload}, err
 }
+
+// NewKeyArgs returns the arguments that c sends with the claim and with
+// the completion of a new key, called with fingerprint fp, whose fn
+// returns res, for owner token token: for BenchmarkScripts, which sends
+// them itself.
+func NewKeyArgs(c *Client, fp, token string, res []byte) (claim, complete []any) {
+	d := digest(fp)
+	first := c.claimRecord(d, token, 1)
+	return []any{d, token, c.leaseMs, c.retentionMs, first},
+		[]any{first, finishedRecord('d', d, token, 1, res), c.retentionMs, c.publish}
+}

@@ -72,6 +72,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/vmihailenco/msgpack/v5"
@@ -242,6 +243,10 @@ func AttemptFrom(ctx context.Context) (Attempt, bool) {
 // If fn ran but the outcome could not be stored, Do returns fn's result
 // together with an error wrapping ErrNotRecorded (or ErrLeaseLost, when a
 // newer owner took over).
+//
+// Calls with the same key and fingerprint in one process may share one
+// result slice (fn's own, or the one read from Redis): treat it as
+// read-only, and copy it before changing it.
 func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
 	if fn == nil {
 		return nil, errors.New("idem: Do called with a nil fn")
@@ -391,6 +396,19 @@ func (c *Client) claimRecord(fp, token string, n int64) string {
 	b.WriteByte(':')
 	b.WriteString(c.mark)
 	return b.String()
+}
+
+// replyBytes returns the bytes of s, a string cut from a go-redis reply,
+// without copying them: a replayed result may be large. go-redis reads each
+// bulk reply into a []byte of its own and hands it out as a string without
+// a copy (as its StringCmd.Bytes hands such bytes back without one); once
+// the command is dropped, nothing else refers to them, so they can be the
+// caller's.
+func replyBytes(s string) []byte {
+	if s == "" {
+		return []byte{}
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
 // claimResult reads a reply of lua/claim.lua to a call with fingerprint

@@ -821,3 +821,30 @@ func TestClaimResult(t *testing.T) {
 		}
 	}
 }
+
+// A replayed result is handed over without a copy (see replyBytes): changing
+// it must change neither the record nor a later replay.
+func TestReplayedResultIsTheCallers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t)
+		ctx := context.Background()
+		var l ledger
+		if _, err := c.Do(ctx, "k", "fp", l.fn("result")); err != nil {
+			t.Fatal(err)
+		}
+		first, err := c.Do(ctx, "k", "fp", l.fn("again"))
+		if err != nil || string(first) != "result#1" {
+			t.Fatalf("replay: got %q, %v; want result#1", first, err)
+		}
+		for i := range first {
+			first[i] = 'x'
+		}
+		second, err := c.Do(ctx, "k", "fp", l.fn("again"))
+		if err != nil || string(second) != "result#1" {
+			t.Fatalf("replay after the first replay's bytes were changed: got %q, %v; want result#1", second, err)
+		}
+		if n := l.count("k"); n != 1 {
+			t.Fatalf("fn ran %d times, want 1", n)
+		}
+	})
+}

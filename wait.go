@@ -74,7 +74,7 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 			}
 			return c.own(ctx, key, keys, fp, token, claimed, r.n, sent, fn)
 		case 'd':
-			return []byte(r.payload), nil, false
+			return replyBytes(r.payload), nil, false
 		case 'f':
 			return nil, &StoredError{Message: r.payload}, false
 		case 'x':

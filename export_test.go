@@ -82,6 +82,7 @@ func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
 func NewKeyArgs(c *Client, fp, token string, res []byte) (claim, complete []any) {
 	d := digest(fp)
 	first := c.claimRecord(d, token, 1)
+	record, _ := finishedRecord('d', d, token, 1, res) // not freed: garbage-collected
 	return []any{d, token, c.leaseMs, c.retentionMs, first},
-		[]any{first, finishedRecord('d', d, token, 1, res), c.retentionMs, c.publish}
+		[]any{first, record, c.retentionMs, c.publish}
 }

@@ -585,30 +585,49 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 // lua/record.lua): state 'd' with the result, or 'f' with the permanent
 // error's message, as payload, after the header of attempt n claimed with
 // fingerprint digest fp and owner token. Built here, it reaches Redis as
-// one argument that complete.lua stores as it is: Lua copies nothing. A
-// strings.Builder does not zero its buffer before the payload is copied
-// in, which counts for large results.
-func finishedRecord(state byte, fp, token string, n int64, payload []byte) string {
-	var b strings.Builder
-	b.Grow(3 + len(fp) + 1 + len(token) + 20 + 1 + len(payload))
-	b.WriteByte('1')
-	b.WriteByte(state)
-	b.WriteByte(byte(len(fp)))
-	b.WriteString(fp)
-	b.WriteByte(byte(len(token)))
-	b.WriteString(token)
-	var num [20]byte
-	b.Write(strconv.AppendInt(num[:0], n, 10))
-	b.WriteByte(':')
-	b.Write(payload)
-	return b.String()
+// one argument that complete.lua stores as it is: Lua copies nothing.
+//
+// A large record's buffer comes from recordBufs and goes back there when
+// free is called, once the record is sent for good: go-redis writes a
+// command's arguments while it runs and keeps nothing of them after.
+func finishedRecord(state byte, fp, token string, n int64, payload []byte) (record []byte, free func()) {
+	size := 3 + len(fp) + 1 + len(token) + 20 + 1 + len(payload)
+	var buf *[]byte
+	if size >= pooledRecord {
+		buf, _ = recordBufs.Get().(*[]byte)
+		if buf == nil || cap(*buf) < size {
+			buf = new([]byte)
+			*buf = make([]byte, 0, size)
+		}
+		record = (*buf)[:0]
+	} else {
+		record = make([]byte, 0, size)
+	}
+	record = append(record, '1', state, byte(len(fp)))
+	record = append(record, fp...)
+	record = append(record, byte(len(token)))
+	record = append(record, token...)
+	record = strconv.AppendInt(record, n, 10)
+	record = append(record, ':')
+	record = append(record, payload...)
+	if buf == nil {
+		return record, func() {}
+	}
+	return record, func() { recordBufs.Put(buf) }
 }
+
+// recordBufs recycles the buffers of finished records of at least
+// pooledRecord bytes (as *[]byte): without it, every large result would
+// cost an allocation of its size, and the garbage collections that follow.
+var recordBufs sync.Pool
+
+const pooledRecord = 64 << 10
 
 // complete records an outcome, a record built by finishedRecord, with
 // compare-and-set on the claim (claimed, built by claimRecord), retrying
 // with a detached context until the store timeout. It never releases: fn
 // has acted.
-func (c *Client) complete(ctx context.Context, keys []string, claimed, record string) error {
+func (c *Client) complete(ctx context.Context, keys []string, claimed string, record []byte) error {
 	dctx, cancel := c.detached(ctx)
 	defer cancel()
 	var lastErr error
@@ -666,17 +685,21 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token, 
 		c.release(ctx, keys, token)
 		return nil, err, true
 	}
-	var record string
+	var record []byte
+	var free func()
 	switch {
 	case err != nil:
-		record = finishedRecord('f', fp, token, n, []byte(err.Error()))
+		record, free = finishedRecord('f', fp, token, n, []byte(err.Error()))
 	case len(res) > c.cfg.maxResultSize:
 		err = tooLarge(len(res), c.cfg.maxResultSize)
-		record, res = finishedRecord('f', fp, token, n, []byte(err.Error())), nil
+		res = nil
+		record, free = finishedRecord('f', fp, token, n, []byte(err.Error()))
 	default:
-		record = finishedRecord('d', fp, token, n, res)
+		record, free = finishedRecord('d', fp, token, n, res)
 	}
-	if serr := c.complete(ctx, keys, claimed, record); serr != nil {
+	serr := c.complete(ctx, keys, claimed, record)
+	free()
+	if serr != nil {
 		if err != nil {
 			return res, errors.Join(serr, err), true
 		}

@@ -848,3 +848,35 @@ func TestReplayedResultIsTheCallers(t *testing.T) {
 		}
 	})
 }
+
+// Large results are recorded through recycled buffers (see
+// finishedRecord): many at once must each be stored whole and apart.
+func TestLargeResultsAtOnce(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t)
+		ctx := context.Background()
+		const calls, size = 16, 100 << 10
+		result := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i)}, size+i) }
+		var wg sync.WaitGroup
+		for round := range 3 {
+			for i := range calls {
+				wg.Go(func() {
+					key := fmt.Sprint("large-", round, "-", i)
+					if _, err := c.Do(ctx, key, "fp", func(context.Context) ([]byte, error) { return result(i), nil }); err != nil {
+						t.Errorf("%s: %v", key, err)
+					}
+				})
+			}
+			wg.Wait()
+		}
+		for round := range 3 {
+			for i := range calls {
+				key := fmt.Sprint("large-", round, "-", i)
+				got, err := c.Do(ctx, key, "fp", func(context.Context) ([]byte, error) { return nil, errors.New("ran again") })
+				if err != nil || !bytes.Equal(got, result(i)) {
+					t.Fatalf("%s: replay of %d bytes, %v; want the %d bytes of its own result", key, len(got), err, size+i)
+				}
+			}
+		}
+	})
+}

@@ -410,6 +410,116 @@ func BenchmarkConflict(b *testing.B) {
 	})
 }
 
+// BenchmarkPaired runs each sequential path of idem and its raw baseline in
+// turns, one call of each per iteration (which goes first alternates),
+// through one go-redis client, timing every call: load that comes and goes
+// on a shared machine then weighs on both alike, so raw/idem (the raw
+// calls' total time over idem's) compares them more closely than separate
+// runs can. It reports idem-ns/op, raw-ns/op and raw/idem; ns/op is a
+// pair's. Allocations and CPU are the separate benchmarks' (BenchmarkNewKey,
+// BenchmarkReplay, BenchmarkConflict).
+func BenchmarkPaired(b *testing.B) {
+	srv := benchRedis(b)
+	ctx := context.Background()
+	paired := func(b *testing.B, idemCall, rawCall func(), after func()) {
+		var idemTime, rawTime time.Duration
+		timed := func(call func(), total *time.Duration) {
+			t0 := time.Now()
+			call()
+			*total += time.Since(t0)
+		}
+		i := 0
+		for b.Loop() {
+			if i%2 == 0 {
+				timed(idemCall, &idemTime)
+				timed(rawCall, &rawTime)
+			} else {
+				timed(rawCall, &rawTime)
+				timed(idemCall, &idemTime)
+			}
+			i++
+			after()
+		}
+		b.ReportMetric(float64(idemTime.Nanoseconds())/float64(b.N), "idem-ns/op")
+		b.ReportMetric(float64(rawTime.Nanoseconds())/float64(b.N), "raw-ns/op")
+		b.ReportMetric(float64(rawTime)/float64(idemTime), "raw/idem")
+	}
+	for _, size := range resultSizes {
+		p := benchPayload(size.n)
+		b.Run("NewKey/"+size.name, func(b *testing.B) {
+			rdb := benchClient(b, srv.addr)
+			c := idem.New(rdb)
+			b.Cleanup(func() { _ = c.Close() })
+			iks := newBenchKeys(b, rdb, func(k string) string { return idem.RecordKey(c, k) }, size.n)
+			rks := newBenchKeys(b, rdb, rawKey, size.n)
+			fn := benchResultFn(p)
+			idemCall := func() {
+				if _, err := c.Do(ctx, iks.next(), benchFingerprint, fn); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rawCall := func() {
+				if err := rawNewKey(ctx, rdb, rks.next(), rawToken, p); err != nil {
+					b.Fatal(err)
+				}
+			}
+			idemCall() // caches the scripts
+			rawCall()
+			paired(b, idemCall, rawCall, func() { iks.maybeFlush(); rks.maybeFlush() })
+		})
+	}
+	for _, size := range resultSizes {
+		p := benchPayload(size.n)
+		b.Run("Replay/"+size.name, func(b *testing.B) {
+			rdb := benchClient(b, srv.addr)
+			c := idem.New(rdb)
+			b.Cleanup(func() { _ = c.Close() })
+			key := fmt.Sprint("paired-replay-", benchRuns.Add(1))
+			fn := benchResultFn(p)
+			if _, err := c.Do(ctx, key, benchFingerprint, fn); err != nil {
+				b.Fatal(err)
+			}
+			if err := rawNewKey(ctx, rdb, key, rawToken, p); err != nil {
+				b.Fatal(err)
+			}
+			rk := []string{rawKey(key)}
+			paired(b, func() {
+				if res, err := c.Do(ctx, key, benchFingerprint, fn); err != nil || len(res) != len(p) {
+					b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, len(p))
+				}
+			}, func() {
+				if res, err := rawReplay.Run(ctx, rdb, rk).Text(); err != nil || len(res) != len(p) {
+					b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, len(p))
+				}
+			}, func() {})
+		})
+	}
+	b.Run("Conflict", func(b *testing.B) {
+		rdb := benchClient(b, srv.addr)
+		c := idem.New(rdb)
+		b.Cleanup(func() { _ = c.Close() })
+		key := fmt.Sprint("paired-conflict-", benchRuns.Add(1))
+		p := benchPayload(100)
+		fn := benchResultFn(p)
+		if _, err := c.Do(ctx, key, benchFingerprint, fn); err != nil {
+			b.Fatal(err)
+		}
+		rk := []string{rawKey(key)}
+		if err := rdb.HSet(ctx, rk[0], "fp", benchFingerprint, "res", p).Err(); err != nil {
+			b.Fatal(err)
+		}
+		paired(b, func() {
+			if _, err := c.Do(ctx, key, "other parameters", fn); !errors.Is(err, idem.ErrConflict) {
+				b.Fatalf("got %v, want ErrConflict", err)
+			}
+		}, func() {
+			if same, err := rawConflict.Run(ctx, rdb, rk, "other parameters").Int64(); err != nil || same != 0 {
+				b.Fatalf("got %d, %v; want 0", same, err)
+			}
+		}, func() {})
+	})
+}
+
 // BenchmarkScripts measures what the server spends in the scripts of a new
 // key (claim, then complete, with a 100-byte result), idem's beside the
 // raw baseline's, without the client: the scripts go in pipelines of 100

@@ -83,6 +83,6 @@ func NewKeyArgs(c *Client, fp, token string, res []byte) (claim, complete []any)
 	d := digest(fp)
 	first := c.claimRecord(d, token, 1)
 	record, _ := finishedRecord('d', d, token, 1, res) // not freed: garbage-collected
-	return []any{d, token, c.leaseMs, c.retentionMs, first},
+	return []any{first, c.retentionMs},
 		[]any{first, record, c.retentionMs, c.publish}
 }

@@ -368,10 +368,12 @@ type claimReply struct {
 	payload   string        // result ('d'), message ('f'), reason ('v')
 }
 
-// claim runs lua/claim.lua; keys are the record's and its channel's, first
-// the record a claim of a new key writes (claimRecord of attempt 1).
-func (c *Client) claim(ctx context.Context, keys []string, fp, token, first string) (claimReply, error) {
-	v, err := c.write(ctx, claimScript, keys[:1], fp, token, c.leaseMs, c.retentionMs, first).Result()
+// claim runs lua/claim.lua for a call with fingerprint digest fp; keys are
+// the record's and its channel's, first the record that a claim of a new
+// key writes (claimRecord of attempt 1), which also tells the script the
+// call's fingerprint, owner token and lease.
+func (c *Client) claim(ctx context.Context, keys []string, fp, first string) (claimReply, error) {
+	v, err := c.write(ctx, claimScript, keys[:1], first, c.retentionMs).Result()
 	if err != nil {
 		return claimReply{}, err
 	}

@@ -41,7 +41,7 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 	}()
 	for {
 		sent := time.Now()
-		r, err := c.claim(ctx, keys, fp, token, first)
+		r, err := c.claim(ctx, keys, fp, first)
 		if err != nil {
 			if mayHaveRun(err) || errors.Is(err, ErrNotReplicated) {
 				// The claim may have happened with its reply lost: give it

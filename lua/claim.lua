@@ -2,13 +2,13 @@
 -- (lua/record.lua, prepended, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
--- ARGV[1]  fingerprint digest of the parameters ("" = not checked)
--- ARGV[2]  owner token, random per Do call
--- ARGV[3]  lease in milliseconds
--- ARGV[4]  retention in milliseconds (the record's TTL), at least the lease
--- ARGV[5]  the record of a new claim, built by the caller: attempt 1 in
---          progress, fingerprint ARGV[1], owner ARGV[2], lease mark
---          retention - lease (lua/record.lua)
+-- ARGV[1]  the caller's new claim, as the caller built it: the record of
+--          attempt 1 in progress, with the caller's fingerprint digest
+--          ("" = not checked), its owner token (random per Do call) and
+--          the lease mark, retention - lease (lua/record.lua). It says all
+--          the script needs to know of the caller; few arguments keep the
+--          call short, and a new key's record is stored as it is.
+-- ARGV[2]  retention in milliseconds (the record's TTL), at least the lease
 --
 -- Returns one of (the usual answers are scalars: Redis converts a Lua
 -- table to a reply at a cost that counts on a path this short):
@@ -33,7 +33,7 @@ if s == nil then
   return {'v', why}
 end
 if not s then
-  redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[4])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
 end
 
@@ -41,17 +41,22 @@ local st = string.sub(s, 2, 2)
 if st == 'd' or st == 'f' then
   return s
 end
+-- The caller's fingerprint, token and lease mark, from its new claim.
+local cst, cfp, token, _, _, cmark = parse(ARGV[1])
+if cst ~= 'p' then
+  return redis.error_reply('idem: claim: malformed claim record')
+end
 local fp, own, n, i, lu
 st, fp, own, n, i, lu = parse(s)
 if not st then
   return {'v', fp}
 end
-if ARGV[1] ~= '' and fp ~= '' and fp ~= ARGV[1] then
+if cfp ~= '' and fp ~= '' and fp ~= cfp then
   return 0
 end
 if st == 'p' then
   local left = redis.call('PTTL', KEYS[1]) - lu
-  if own == ARGV[2] then
+  if own == token then
     return {'c', n, math.max(left, 0)}
   end
   if left > 0 then
@@ -64,8 +69,8 @@ end
 -- Lua's own conversion switches to an exponent from 10^14 on, which no
 -- record may hold.
 n = n + 1
-if fp == '' then fp = ARGV[1] end
+if fp == '' then fp = cfp end
 redis.call('SET', KEYS[1], '1p' .. string.char(#fp) .. fp ..
-  string.char(#ARGV[2]) .. ARGV[2] .. string.format('%d', n) .. ':' ..
-  string.format('%d', tonumber(ARGV[4]) - tonumber(ARGV[3])), 'PX', ARGV[4])
+  string.char(#token) .. token .. string.format('%d', n) .. ':' ..
+  string.format('%d', cmark), 'PX', ARGV[2])
 return n

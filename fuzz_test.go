@@ -1,12 +1,13 @@
 package idem
 
-// Fuzz targets for what Do reads from Redis: the claim script's reply, the
-// status script's reply, a record as stored, and the mapping of keys to
-// Redis keys. The seeds (f.Add) run in every go test; fuzz with
+// Fuzz targets for what Do reads from Redis: the claim script's replies
+// (its arrays, and the finished records it returns whole), the status
+// script's reply, a record as stored, and the mapping of keys to Redis
+// keys. The seeds (f.Add) run in every go test; fuzz with
 //
 //	go test -run='^$' -fuzz=FuzzClaimReply -fuzztime=60s .
 //
-// and likewise FuzzStatus, FuzzRecord and FuzzKey.
+// and likewise FuzzFinished, FuzzStatus, FuzzRecord and FuzzKey.
 
 import (
 	"context"

@@ -26,33 +26,28 @@ if done ~= 'd' and done ~= 'f' then
   return redis.error_reply('idem: complete: the record to store is not finished')
 end
 -- The usual case: the record is still the caller's claim, byte for byte
--- (Lua compares its strings by reference). The finished record is stored
--- as it is, so the payload is not copied in Lua.
-if s == ARGV[1] then
-  redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
-  if ARGV[4] ~= '' then
-    redis.call(ARGV[4], KEYS[2], done)
+-- (Lua compares its strings by reference), and the finished record is
+-- stored as it is, so the payload is not copied in Lua. Otherwise the
+-- record has moved on (another owner, released, finished, gone), or the
+-- caller's header lacks the fingerprint that the record keeps from an
+-- earlier caller (a call without one took the key over): the header is
+-- then Redis's, and the payload is copied behind it.
+if s ~= ARGV[1] then
+  local _, _, token = parse(ARGV[1])
+  local st, _, own, _, i = parse(s)
+  if not token or own ~= token then
+    return 0
   end
-  return 1
+  if st ~= 'p' then
+    return st == done and 1 or 0
+  end
+  local _, _, _, _, j = parse(rec)
+  if not j then
+    return redis.error_reply('idem: complete: malformed record to store')
+  end
+  rec = '1' .. done .. string.sub(s, 3, i) .. string.sub(rec, j + 1)
 end
-
--- Otherwise: the record has moved on (another owner, released, finished,
--- gone), or the caller's header lacks the fingerprint that the record
--- keeps from an earlier caller (a call without one took the key over):
--- the header is then Redis's, and the payload is copied behind it.
-local _, _, token = parse(ARGV[1])
-local st, _, own, _, i = parse(s)
-if not token or own ~= token then
-  return 0
-end
-if st ~= 'p' then
-  return st == done and 1 or 0
-end
-local _, _, _, _, j = parse(rec)
-if not j then
-  return redis.error_reply('idem: complete: malformed record to store')
-end
-redis.call('SET', KEYS[1], '1' .. done .. string.sub(s, 3, i) .. string.sub(rec, j + 1), 'PX', ARGV[3])
+redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
 if ARGV[4] ~= '' then
   redis.call(ARGV[4], KEYS[2], done)
 end

@@ -372,7 +372,7 @@ type claimReply struct {
 // the record's and its channel's, first the record that a claim of a new
 // key writes (claimRecord of attempt 1), which also tells the script the
 // call's fingerprint, owner token and lease.
-func (c *Client) claim(ctx context.Context, keys []string, fp, first string) (claimReply, error) {
+func (c *Client) claim(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
 	v, err := c.write(ctx, claimScript, keys[:1], first, c.retentionMs).Result()
 	if err != nil {
 		return claimReply{}, err
@@ -385,19 +385,23 @@ func (c *Client) claim(ctx context.Context, keys []string, fp, first string) (cl
 // as claim.lua writes it and renew.lua keeps it. claim.lua stores it as it
 // is when the key is new; complete.lua finds it unchanged while the claim
 // is the caller's.
-func (c *Client) claimRecord(fp, token string, n int64) string {
-	var b strings.Builder
-	b.Grow(3 + len(fp) + 1 + len(token) + 20 + 1 + len(c.mark))
-	b.WriteString("1p")
-	b.WriteByte(byte(len(fp)))
-	b.WriteString(fp)
-	b.WriteByte(byte(len(token)))
-	b.WriteString(token)
-	var num [20]byte
-	b.Write(strconv.AppendInt(num[:0], n, 10))
-	b.WriteByte(':')
-	b.WriteString(c.mark)
-	return b.String()
+func (c *Client) claimRecord(fp, token string, n int64) []byte {
+	b := make([]byte, 0, headerSize(fp, token)+len(c.mark))
+	return append(appendHeader(b, 'p', fp, token, n), c.mark...)
+}
+
+// headerSize bounds the size of a record's header (appendHeader).
+func headerSize(fp, token string) int { return 3 + len(fp) + 1 + len(token) + 20 + 1 }
+
+// appendHeader appends the header of a record in state st (see
+// lua/record.lua), "1" st len(fp) fp len(token) token n ":", to b.
+func appendHeader(b []byte, st byte, fp, token string, n int64) []byte {
+	b = append(b, '1', st, byte(len(fp)))
+	b = append(b, fp...)
+	b = append(b, byte(len(token)))
+	b = append(b, token...)
+	b = strconv.AppendInt(b, n, 10)
+	return append(b, ':')
 }
 
 // replyBytes returns the bytes of s, a string cut from a go-redis reply,
@@ -593,7 +597,7 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 // free is called, once the record is sent for good: go-redis writes a
 // command's arguments while it runs and keeps nothing of them after.
 func finishedRecord(state byte, fp, token string, n int64, payload []byte) (record []byte, free func()) {
-	size := 3 + len(fp) + 1 + len(token) + 20 + 1 + len(payload)
+	size := headerSize(fp, token) + len(payload)
 	var buf *[]byte
 	if size >= pooledRecord {
 		buf, _ = recordBufs.Get().(*[]byte)
@@ -605,13 +609,7 @@ func finishedRecord(state byte, fp, token string, n int64, payload []byte) (reco
 	} else {
 		record = make([]byte, 0, size)
 	}
-	record = append(record, '1', state, byte(len(fp)))
-	record = append(record, fp...)
-	record = append(record, byte(len(token)))
-	record = append(record, token...)
-	record = strconv.AppendInt(record, n, 10)
-	record = append(record, ':')
-	record = append(record, payload...)
+	record = append(appendHeader(record, state, fp, token, n), payload...)
 	if buf == nil {
 		return record, func() {}
 	}
@@ -629,7 +627,7 @@ const pooledRecord = 64 << 10
 // compare-and-set on the claim (claimed, built by claimRecord), retrying
 // with a detached context until the store timeout. It never releases: fn
 // has acted.
-func (c *Client) complete(ctx context.Context, keys []string, claimed string, record []byte) error {
+func (c *Client) complete(ctx context.Context, keys []string, claimed, record []byte) error {
 	dctx, cancel := c.detached(ctx)
 	defer cancel()
 	var lastErr error
@@ -662,7 +660,7 @@ func (c *Client) complete(ctx context.Context, keys []string, claimed string, re
 // claimRecord), and records its outcome. retry tells in-process followers
 // (see flights) that this outcome is not theirs to share: they should try
 // the key themselves.
-func (c *Client) own(ctx context.Context, key string, keys []string, fp, token, claimed string, n int64, sent time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
+func (c *Client) own(ctx context.Context, key string, keys []string, fp, token string, claimed []byte, n int64, sent time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, attemptKey{}, Attempt{Key: key, Number: n}))
 	defer cancel(nil)
 	stopRenew := c.renewWhile(fctx, keys, token, sent, cancel)

@@ -280,6 +280,42 @@ func rawNewKey(ctx context.Context, rdb *redis.Client, key, token string, result
 
 const rawToken = "0123456789abcdef" // as long as idem's owner token
 
+// idemReplay replays key through c and fails b unless it gets n bytes.
+func idemReplay(b *testing.B, ctx context.Context, c *idem.Client, key string, fn func(context.Context) ([]byte, error), n int) {
+	if res, err := c.Do(ctx, key, benchFingerprint, fn); err != nil || len(res) != n {
+		b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, n)
+	}
+}
+
+// rawReplayCall is the raw replay of the record rk, which must hold n bytes.
+func rawReplayCall(b *testing.B, ctx context.Context, rdb *redis.Client, rk []string, n int) {
+	if res, err := rawReplay.Run(ctx, rdb, rk).Text(); err != nil || len(res) != n {
+		b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, n)
+	}
+}
+
+// idemConflict calls key through c with other parameters than it was done
+// with, and fails b unless that is ErrConflict.
+func idemConflict(b *testing.B, ctx context.Context, c *idem.Client, key string, fn func(context.Context) ([]byte, error)) {
+	if _, err := c.Do(ctx, key, "other parameters", fn); !errors.Is(err, idem.ErrConflict) {
+		b.Fatalf("got %v, want ErrConflict", err)
+	}
+}
+
+// rawConflictRecord stores the raw baseline's done record rk, result p.
+func rawConflictRecord(b *testing.B, ctx context.Context, rdb *redis.Client, rk string, p []byte) {
+	if err := rdb.HSet(ctx, rk, "fp", benchFingerprint, "res", p).Err(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// rawConflictCall is the raw conflict check of the record rk.
+func rawConflictCall(b *testing.B, ctx context.Context, rdb *redis.Client, rk []string) {
+	if same, err := rawConflict.Run(ctx, rdb, rk, "other parameters").Int64(); err != nil || same != 0 {
+		b.Fatalf("got %d, %v; want 0", same, err)
+	}
+}
+
 func BenchmarkNewKey(b *testing.B) {
 	srv := benchRedis(b)
 	addr := srv.addr
@@ -338,10 +374,7 @@ func BenchmarkReplay(b *testing.B) {
 			b.ReportAllocs()
 			cpu := startCPU(b, srv)
 			for b.Loop() {
-				res, err := c.Do(ctx, key, benchFingerprint, fn)
-				if err != nil || len(res) != len(p) {
-					b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, len(p))
-				}
+				idemReplay(b, ctx, c, key, fn, len(p))
 			}
 			cpu.stop(b.N)
 		})
@@ -360,10 +393,7 @@ func BenchmarkReplay(b *testing.B) {
 			b.ReportAllocs()
 			cpu := startCPU(b, srv)
 			for b.Loop() {
-				res, err := rawReplay.Run(ctx, rdb, rk).Text()
-				if err != nil || len(res) != len(p) {
-					b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, len(p))
-				}
+				rawReplayCall(b, ctx, rdb, rk, len(p))
 			}
 			cpu.stop(b.N)
 		})
@@ -384,27 +414,21 @@ func BenchmarkConflict(b *testing.B) {
 		b.ReportAllocs()
 		cpu := startCPU(b, srv)
 		for b.Loop() {
-			if _, err := c.Do(ctx, "conflict", "other parameters", fn); !errors.Is(err, idem.ErrConflict) {
-				b.Fatalf("got %v, want ErrConflict", err)
-			}
+			idemConflict(b, ctx, c, "conflict", fn)
 		}
 		cpu.stop(b.N)
 	})
 	b.Run("raw", func(b *testing.B) {
 		rdb := benchClient(b, addr)
 		rk := []string{rawKey("conflict")}
-		if err := rdb.HSet(ctx, rk[0], "fp", benchFingerprint, "res", p).Err(); err != nil {
-			b.Fatal(err)
-		}
+		rawConflictRecord(b, ctx, rdb, rk[0], p)
 		if err := rawConflict.Run(ctx, rdb, rk, benchFingerprint).Err(); err != nil { // caches the script
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
 		cpu := startCPU(b, srv)
 		for b.Loop() {
-			if same, err := rawConflict.Run(ctx, rdb, rk, "other parameters").Int64(); err != nil || same != 0 {
-				b.Fatalf("got %d, %v; want 0", same, err)
-			}
+			rawConflictCall(b, ctx, rdb, rk)
 		}
 		cpu.stop(b.N)
 	})
@@ -483,15 +507,8 @@ func BenchmarkPaired(b *testing.B) {
 				b.Fatal(err)
 			}
 			rk := []string{rawKey(key)}
-			paired(b, func() {
-				if res, err := c.Do(ctx, key, benchFingerprint, fn); err != nil || len(res) != len(p) {
-					b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, len(p))
-				}
-			}, func() {
-				if res, err := rawReplay.Run(ctx, rdb, rk).Text(); err != nil || len(res) != len(p) {
-					b.Fatalf("got %d bytes, %v; want %d bytes", len(res), err, len(p))
-				}
-			}, func() {})
+			paired(b, func() { idemReplay(b, ctx, c, key, fn, len(p)) },
+				func() { rawReplayCall(b, ctx, rdb, rk, len(p)) }, func() {})
 		})
 	}
 	b.Run("Conflict", func(b *testing.B) {
@@ -505,18 +522,9 @@ func BenchmarkPaired(b *testing.B) {
 			b.Fatal(err)
 		}
 		rk := []string{rawKey(key)}
-		if err := rdb.HSet(ctx, rk[0], "fp", benchFingerprint, "res", p).Err(); err != nil {
-			b.Fatal(err)
-		}
-		paired(b, func() {
-			if _, err := c.Do(ctx, key, "other parameters", fn); !errors.Is(err, idem.ErrConflict) {
-				b.Fatalf("got %v, want ErrConflict", err)
-			}
-		}, func() {
-			if same, err := rawConflict.Run(ctx, rdb, rk, "other parameters").Int64(); err != nil || same != 0 {
-				b.Fatalf("got %d, %v; want 0", same, err)
-			}
-		}, func() {})
+		rawConflictRecord(b, ctx, rdb, rk[0], p)
+		paired(b, func() { idemConflict(b, ctx, c, key, fn) },
+			func() { rawConflictCall(b, ctx, rdb, rk) }, func() {})
 	})
 }
 

@@ -126,8 +126,10 @@ type Client struct {
 	// decimal: the retention less the lease, in milliseconds.
 	mark string
 
-	hub     *hub
-	flights flights
+	hub      *hub
+	flights  flights
+	bounds   bounds // of recording an outcome, and of releasing a claim
+	renewals renewals
 
 	firstPoll time.Duration // a waiter's first pause; tests raise it to rely on pub/sub alone
 
@@ -155,6 +157,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		publish: "PUBLISH", leaseMs: cfg.lease.Milliseconds(), retentionMs: cfg.retention.Milliseconds(),
 		mark: strconv.FormatInt(cfg.retention.Milliseconds()-cfg.lease.Milliseconds(), 10),
 	}
+	c.bounds.d = cfg.storeTimeout
+	c.renewals.c, c.renewals.every = c, cfg.lease/3
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"
 	}
@@ -217,8 +221,11 @@ type attemptKey struct{}
 // AttemptFrom returns the Attempt that ctx belongs to. It reports false
 // outside the fn of a Do call.
 func AttemptFrom(ctx context.Context) (Attempt, bool) {
-	a, ok := ctx.Value(attemptKey{}).(Attempt)
-	return a, ok
+	a, ok := ctx.Value(attemptKey{}).(*Attempt)
+	if !ok {
+		return Attempt{}, false
+	}
+	return *a, true
 }
 
 // Do runs fn at most once per key while the key's record is retained, and
@@ -569,17 +576,10 @@ func parseClaim(v []any) (claimReply, error) {
 	return r, nil
 }
 
-// detached returns a context for work that must finish after the caller
-// gave up: recording an outcome, releasing a claim.
-func (c *Client) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), c.cfg.storeTimeout)
-}
-
 // release gives the claim up if it is still ours, so the next caller can
 // take over at once instead of after the lease.
 func (c *Client) release(ctx context.Context, keys []string, token string) {
-	dctx, cancel := c.detached(ctx)
-	defer cancel()
+	dctx := c.bounds.detached(ctx)
 	err := releaseScript.Run(dctx, c.rdb, keys, token, c.publish).Err()
 	if err != nil {
 		c.cfg.logger.Warn("idem: could not release a claim; the key stays claimed until the lease ends",
@@ -628,8 +628,7 @@ const pooledRecord = 64 << 10
 // with a detached context until the store timeout. It never releases: fn
 // has acted.
 func (c *Client) complete(ctx context.Context, keys []string, claimed, record []byte) error {
-	dctx, cancel := c.detached(ctx)
-	defer cancel()
+	dctx := c.bounds.detached(ctx)
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
 		n, err := c.write(dctx, completeScript, keys, claimed, record, c.retentionMs, c.publish).Int64()
@@ -661,9 +660,16 @@ func (c *Client) complete(ctx context.Context, keys []string, claimed, record []
 // (see flights) that this outcome is not theirs to share: they should try
 // the key themselves.
 func (c *Client) own(ctx context.Context, key string, keys []string, fp, token string, claimed []byte, n int64, sent time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, attemptKey{}, Attempt{Key: key, Number: n}))
+	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stopRenew := c.renewWhile(fctx, keys, token, sent, cancel)
+	// fn's context and its lease's renewal, in one allocation.
+	o := &struct {
+		ctx   attemptCtx
+		lease renewal
+	}{ctx: attemptCtx{Context: cctx, a: Attempt{Key: key, Number: n}}}
+	fctx := &o.ctx
+	o.lease = renewal{ctx: fctx, cancel: cancel, keys: keys[:1], token: token, claimed: sent}
+	c.renewals.start(&o.lease)
 
 	var panicked bool
 	var pv any
@@ -675,7 +681,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 		}()
 		res, err = fn(fctx)
 	}()
-	stopRenew()
+	c.renewals.stop(&o.lease)
 
 	if panicked {
 		c.release(ctx, keys, token)
@@ -706,58 +712,6 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 		return res, serr, true
 	}
 	return res, err, false
-}
-
-// renewWhile renews the lease every third of it until the returned stop is
-// called, which waits for the renewer to end. Most fns end before the first
-// renewal is due, so the renewer starts only then. If the lease is lost,
-// or cannot be renewed before it ends (counted from claimed, when the claim
-// was sent), fn's context is cancelled with a cause wrapping ErrLeaseLost.
-func (c *Client) renewWhile(ctx context.Context, keys []string, token string, claimed time.Time, cancel context.CancelCauseFunc) (stop func()) {
-	every := c.cfg.lease / 3
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	t := time.AfterFunc(every, func() {
-		defer close(finished)
-		c.renewLoop(ctx, keys[:1], token, claimed, every, cancel, done)
-	})
-	return func() {
-		if t.Stop() {
-			return // the renewer never started
-		}
-		close(done)
-		<-finished
-	}
-}
-
-func (c *Client) renewLoop(ctx context.Context, keys []string, token string, lastOK time.Time, every time.Duration, cancel context.CancelCauseFunc, done <-chan struct{}) {
-	bg := context.WithoutCancel(ctx)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		start := time.Now()
-		rctx, rcancel := context.WithTimeout(bg, every)
-		n, err := renewScript.Run(rctx, c.rdb, keys, token, c.leaseMs, c.retentionMs).Int64()
-		rcancel()
-		switch {
-		case err == nil && n == 1:
-			lastOK = start
-		case err == nil:
-			cancel(fmt.Errorf("%w: another caller took over the key", ErrLeaseLost))
-			return
-		default:
-			c.cfg.logger.Warn("idem: lease renewal failed", "record", keys[0], "error", err)
-			if time.Since(lastOK) >= c.cfg.lease {
-				cancel(fmt.Errorf("%w: the lease could not be renewed: %w", ErrLeaseLost, err))
-				return
-			}
-		}
-		select {
-		case <-done:
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // State is the state of a key's record.

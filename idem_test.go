@@ -364,6 +364,63 @@ func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 	}
 }
 
+// TestManyLeasesRenewed runs fns that start one after another and overlap:
+// every other one lasts several leases, the rest end at once, before their
+// first renewal is due, and leave the queue of renewals from its middle.
+// One queue and one timer serve a Client's leases (see renew.go); every
+// long fn must keep its key, and every fn run once.
+func TestManyLeasesRenewed(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	const lease = 90 * time.Millisecond
+	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+	ctx := context.Background()
+	var l ledger
+	const n = 12
+	long := func(i int) bool { return i%2 == 0 }
+	finish := make(chan struct{})
+	var started sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		key := fmt.Sprintf("k%d", i)
+		started.Add(1)
+		go func() {
+			_, err := c.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				started.Done()
+				if long(i) {
+					<-finish
+				}
+				return []byte(key), ctx.Err()
+			})
+			errs <- err
+		}()
+		time.Sleep(lease / 10)
+	}
+	started.Wait()
+	time.Sleep(4 * lease)
+	for i := range n {
+		key := fmt.Sprintf("k%d", i)
+		got, err := c.Do(ctx, key, "fp", l.fn("dup"))
+		switch {
+		case long(i) && !errors.Is(err, idem.ErrInProgress):
+			t.Errorf("%s, after 4 leases of its fn: got %q, %v; want ErrInProgress", key, got, err)
+		case !long(i) && (err != nil || string(got) != key):
+			t.Errorf("%s, finished: got %q, %v; want the replay %q", key, got, err, key)
+		}
+	}
+	close(finish)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	for i := range n {
+		if key := fmt.Sprintf("k%d", i); l.count(key) != 1 {
+			t.Errorf("%s: fn ran %d times, want 1", key, l.count(key))
+		}
+	}
+}
+
 func TestRedisUnreachableFailsClosed(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		c := b.idem(t)

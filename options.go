@@ -139,7 +139,8 @@ func WithPollInterval(d time.Duration) Option {
 
 // WithStoreTimeout sets how long Do keeps trying to record fn's outcome
 // (and to release a failed claim) after fn returned, independent of the
-// caller's context, which may have ended. It must be positive.
+// caller's context, which may have ended. Calls share their deadlines,
+// so the time may run up to a sixteenth longer. It must be positive.
 // The default is 10 seconds.
 func WithStoreTimeout(d time.Duration) Option {
 	return func(c *config) {

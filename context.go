@@ -1,0 +1,82 @@
+package idem
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// bounds hands out the contexts of work that must go on after its caller
+// gave up, recording an outcome or releasing a claim, for at least d and
+// at most d + d/16. Every call needs such a bound, and a context of its own
+// (context.WithTimeout: a timer and four allocations) was a good part of a
+// call's cost in Go; the calls of one sixteenth of d share one deadline
+// instead.
+type bounds struct {
+	d   time.Duration
+	cur atomic.Pointer[bound]
+	mu  sync.Mutex // serialises making a new bound
+}
+
+type bound struct {
+	ctx    context.Context // ends at at
+	at     time.Time
+	cancel context.CancelFunc // kept for vet; the deadline ends ctx
+}
+
+// detached returns a context that carries ctx's values but not its
+// cancellation, and ends between b.d and b.d + b.d/16 from now.
+func (b *bounds) detached(ctx context.Context) context.Context {
+	return &detachedCtx{Context: b.get(), values: ctx}
+}
+
+func (b *bounds) get() context.Context {
+	now := time.Now()
+	least := now.Add(b.d)
+	if p := b.cur.Load(); p != nil && !p.at.Before(least) {
+		return p.ctx
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p := b.cur.Load(); p != nil && !p.at.Before(least) {
+		return p.ctx
+	}
+	at := least.Add(b.d / 16)
+	ctx, cancel := context.WithDeadline(context.Background(), at)
+	b.cur.Store(&bound{ctx: ctx, at: at, cancel: cancel})
+	return ctx
+}
+
+// detachedCtx is a shared bound (the embedded Context: Deadline, Done, Err)
+// with the values of a caller's context.
+type detachedCtx struct {
+	context.Context
+	values context.Context
+}
+
+// Value looks in the bound first: it holds no values of its own, only the
+// context package's marker of its cancellation, which lets contexts derived
+// from this one, and context.Cause, find it.
+func (c *detachedCtx) Value(key any) any {
+	if v := c.Context.Value(key); v != nil {
+		return v
+	}
+	return c.values.Value(key)
+}
+
+// attemptCtx is the context of fn: cancelled when the lease is lost (the
+// embedded Context, from context.WithCancelCause), carrying the Attempt.
+type attemptCtx struct {
+	context.Context
+	a Attempt
+}
+
+// Value returns a *Attempt for attemptKey: a pointer into c, which costs no
+// allocation as an interface value would.
+func (c *attemptCtx) Value(key any) any {
+	if _, ok := key.(attemptKey); ok {
+		return &c.a
+	}
+	return c.Context.Value(key)
+}

@@ -95,7 +95,7 @@ func benchRedis(b *testing.B) benchServer {
 }
 
 // cpuMeter measures the CPU time per op of the benchmark's process
-// (cli-us/op, where /proc/self/stat tells it, at 10ms resolution) and of
+// (cli-us/op, where getrusage tells it) and of
 // the redis-server (srv-us/op, from INFO cpu): unlike ns/op, neither counts
 // the time spent waiting for the other, or for other programs on the
 // machine. With miniredis, the server's work is in cli-us/op.
@@ -154,32 +154,6 @@ func (m *cpuMeter) serverCPU() (time.Duration, bool) {
 		}
 	}
 	return time.Duration(total * float64(time.Second)), true
-}
-
-// processCPU is this process's CPU time so far (user and system, all
-// threads), where /proc tells it.
-func processCPU() (time.Duration, bool) {
-	stat, err := os.ReadFile("/proc/self/stat")
-	if err != nil {
-		return 0, false
-	}
-	// The fields after the command, which is in parentheses: state is
-	// the first, utime the 12th and stime the 13th, in clock ticks
-	// (USER_HZ, 100 a second).
-	i := strings.LastIndexByte(string(stat), ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(stat[i+1:]))
-	if len(f) < 13 {
-		return 0, false
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond, true
 }
 
 // benchClient returns a go-redis client with default options, closed when
@@ -441,7 +415,9 @@ func BenchmarkConflict(b *testing.B) {
 // calls' total time over idem's) compares them more closely than separate
 // runs can. It reports idem-ns/op, raw-ns/op and raw/idem; ns/op is a
 // pair's. Allocations and CPU are the separate benchmarks' (BenchmarkNewKey,
-// BenchmarkReplay, BenchmarkConflict).
+// BenchmarkReplay, BenchmarkConflict). NewKeyParallel runs new keys from
+// many goroutines in phases, idem's and the baseline's in turns (see
+// pairedParallel), and reports the CPU of each too.
 func BenchmarkPaired(b *testing.B) {
 	srv := benchRedis(b)
 	ctx := context.Background()
@@ -526,7 +502,114 @@ func BenchmarkPaired(b *testing.B) {
 		paired(b, func() { idemConflict(b, ctx, c, key, fn) },
 			func() { rawConflictCall(b, ctx, rdb, rk) }, func() {})
 	})
+	b.Run("NewKeyParallel", func(b *testing.B) {
+		rdb := benchClient(b, srv.addr)
+		c := idem.New(rdb)
+		b.Cleanup(func() { _ = c.Close() })
+		p := benchPayload(100)
+		fn := benchResultFn(p)
+		iks := newBenchKeys(b, rdb, func(k string) string { return idem.RecordKey(c, k) }, len(p))
+		rks := newBenchKeys(b, rdb, rawKey, len(p))
+		calls := [2]func() error{
+			func() error { _, err := c.Do(ctx, iks.next(), benchFingerprint, fn); return err },
+			func() error { return rawNewKey(ctx, rdb, rks.next(), rawToken, p) },
+		}
+		for _, call := range calls {
+			if err := call(); err != nil { // caches the scripts
+				b.Fatal(err)
+			}
+		}
+		pairedParallel(b, srv, calls)
+	})
 }
+
+// pairedParallel runs calls[0] (idem's) and calls[1] (the baseline's) from
+// 8 goroutines per CPU, in phases of pairedPhase: every goroutine makes the
+// calls of the current phase, which alternates between the two. Slow
+// changes of the machine's load then weigh on both alike, as in
+// BenchmarkPaired; background work that one of them causes (garbage
+// collection, the server's housekeeping) may fall in the other's phase. It
+// reports each one's ns/op (the time of its phases over its calls: the
+// inverse of its throughput), raw/idem (the ratio of their throughputs)
+// and, as cpuMeter does, the CPU time of its phases per call, of the client
+// and of the server. A call under way when the phase changes counts for
+// its own phase.
+func pairedParallel(b *testing.B, srv benchServer, calls [2]func() error) {
+	var (
+		phase   atomic.Int32 // index into calls
+		n       [2]atomic.Int64
+		stop    = make(chan struct{})
+		stopped = make(chan struct{})
+		// Owned by the goroutine that changes phases until stopped.
+		elapsed, cli, server [2]time.Duration
+		cliOK, srvOK         = true, true
+	)
+	m := startCPU(b, srv) // for its server connection
+	b.SetParallelism(8)
+	b.ResetTimer()
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(pairedPhase)
+		defer t.Stop()
+		last := time.Now()
+		lastCli, ok1 := processCPU()
+		lastSrv, ok2 := m.serverCPU()
+		cliOK, srvOK = ok1, ok2
+		end := func(p int32, now time.Time) {
+			c, ok1 := processCPU()
+			s, ok2 := m.serverCPU()
+			cliOK, srvOK = cliOK && ok1, srvOK && ok2
+			elapsed[p] += now.Sub(last)
+			cli[p] += c - lastCli
+			server[p] += s - lastSrv
+			last, lastCli, lastSrv = now, c, s
+		}
+		for {
+			select {
+			case <-stop:
+				end(phase.Load(), time.Now())
+				return
+			case now := <-t.C:
+				p := phase.Load()
+				phase.Store(1 - p)
+				end(p, now)
+			}
+		}
+	}()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			p := phase.Load()
+			if err := calls[p](); err != nil {
+				b.Error(err)
+				return
+			}
+			n[p].Add(1)
+		}
+	})
+	close(stop)
+	<-stopped
+	b.StopTimer()
+	if n[0].Load() == 0 || n[1].Load() == 0 {
+		return // too short a run for both phases: no figures
+	}
+	per := func(d time.Duration, i int) float64 { return float64(d.Nanoseconds()) / float64(n[i].Load()) }
+	b.ReportMetric(per(elapsed[0], 0), "idem-ns/op")
+	b.ReportMetric(per(elapsed[1], 1), "raw-ns/op")
+	b.ReportMetric(per(elapsed[1], 1)/per(elapsed[0], 0), "raw/idem")
+	if cliOK {
+		b.ReportMetric(per(cli[0], 0)/1e3, "idem-cli-us/op")
+		b.ReportMetric(per(cli[1], 1)/1e3, "raw-cli-us/op")
+	}
+	if srvOK {
+		b.ReportMetric(per(server[0], 0)/1e3, "idem-srv-us/op")
+		b.ReportMetric(per(server[1], 1)/1e3, "raw-srv-us/op")
+	}
+}
+
+// pairedPhase is how long pairedParallel runs one side before the other:
+// long beside a call (16 calls under way end within a millisecond or two
+// of a change), short beside a run (-benchtime 300ms holds 15 phases).
+const pairedPhase = 20 * time.Millisecond
 
 // BenchmarkScripts measures what the server spends in the scripts of a new
 // key (claim, then complete, with a 100-byte result), idem's beside the

@@ -106,11 +106,18 @@ type script struct {
 	src string
 }
 
-// newScript prepends the helpers of lua/record.lua to a script.
+// newScript inserts the helpers of lua/record.lua into a script where it
+// says --[[lua/record.lua]], or else at its top.
 func newScript(src string) script {
-	src = recordSrc + "\n" + src
+	if strings.Contains(src, recordMarker) {
+		src = strings.Replace(src, recordMarker, recordSrc, 1)
+	} else {
+		src = recordSrc + "\n" + src
+	}
 	return script{redis.NewScript(src), src}
 }
+
+const recordMarker = "--[[lua/record.lua]]"
 
 // Client runs idempotent operations on one Redis deployment. It is safe for
 // concurrent use; create one per process and share it. Close it when done.

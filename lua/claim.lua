@@ -1,5 +1,5 @@
 -- claim.lua: claim an idempotency key for one caller, or report its state.
--- (lua/record.lua, prepended, describes the record and its helpers.)
+-- (lua/record.lua, inserted below, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
 -- ARGV[1]  the caller's new claim, as the caller built it: the record of
@@ -27,19 +27,23 @@
 --   {"v", reason}          the record is not one this version understands.
 --
 -- Nothing is written unless the caller claims, and then in one SET. A new
--- key costs one GET and that SET; a replay one GET.
-local s, why = get(KEYS[1])
-if s == nil then
-  return {'v', why}
-end
+-- key costs one GET and that SET; a replay one GET. These usual answers
+-- come before the helpers of lua/record.lua, which are inserted below:
+-- defining them (Lua closures) costs every call that reaches them.
+local s = redis.pcall('GET', KEYS[1])
 if not s then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
 end
-
-local st = string.sub(s, 2, 2)
+local st = type(s) == 'string' and string.sub(s, 2, 2)
 if st == 'd' or st == 'f' then
   return s
+end
+
+--[[lua/record.lua]]
+
+if type(s) ~= 'string' then
+  return {'v', notRecord(KEYS[1])}
 end
 -- The caller's fingerprint, token and lease mark, from its new claim.
 local cst, cfp, token, _, _, cmark = parse(ARGV[1])

@@ -1,6 +1,6 @@
 -- complete.lua: record the outcome of an attempt, only if the caller still
 -- owns it (compare-and-set on the claim), and wake the waiters.
--- (lua/record.lua, prepended, describes the record and its helpers.)
+-- (lua/record.lua, inserted below, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
 -- KEYS[2]  its notification channel, <prefix>:{<key>}:done (same slot)
@@ -16,10 +16,7 @@
 -- Returns 1 when the outcome is stored (a repeat with the same token after a
 -- success is a no-op that also returns 1), and 0 when the caller no longer
 -- owns the record: another caller took over, it was released, or it is gone.
-local s = get(KEYS[1])
-if not s then
-  return 0
-end
+local s = redis.pcall('GET', KEYS[1])
 local rec = ARGV[2]
 local done = string.sub(rec, 2, 2)
 if done ~= 'd' and done ~= 'f' then
@@ -31,8 +28,16 @@ end
 -- record has moved on (another owner, released, finished, gone), or the
 -- caller's header lacks the fingerprint that the record keeps from an
 -- earlier caller (a call without one took the key over): the header is
--- then Redis's, and the payload is copied behind it.
+-- then Redis's, and the payload is copied behind it. Only this case needs
+-- the helpers of lua/record.lua, inserted here: defining them (Lua
+-- closures) would cost every call.
 if s ~= ARGV[1] then
+  if type(s) ~= 'string' then
+    return 0 -- gone, or not a record
+  end
+
+  --[[lua/record.lua]]
+
   local _, _, token = parse(ARGV[1])
   local st, _, own, _, i = parse(s)
   if not token or own ~= token then

@@ -1,4 +1,5 @@
--- record.lua: shared by the scripts; it is prepended to each of them.
+-- record.lua: shared by the scripts; it is inserted into each of them where
+-- it says --[[lua/record.lua]], or at the top.
 --
 -- A record is one string at KEYS[1] = <prefix>:{<key>}, in every state:
 --
@@ -29,13 +30,18 @@ local function count(s)
   return tonumber(s)
 end
 
+-- notRecord says why the value at key, which GET refused, is no record.
+local function notRecord(key)
+  local t = redis.call('TYPE', key)
+  return 'record is a ' .. (t['ok'] or tostring(t))
+end
+
 -- get returns the record at key: its string, false when there is none, or
 -- nil and the reason when key holds something that is not a string.
 local function get(key)
   local s = redis.pcall('GET', key)
   if type(s) == 'table' then
-    local t = redis.call('TYPE', key)
-    return nil, 'record is a ' .. (t['ok'] or tostring(t))
+    return nil, notRecord(key)
   end
   return s
 end

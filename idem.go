@@ -343,7 +343,7 @@ func (c *Client) keys(key string) []string {
 	b.Grow(len(c.cfg.prefix) + len(key) + 4 + len(doneSuffix))
 	b.WriteString(c.cfg.prefix)
 	b.WriteString(":{")
-	if strings.ContainsAny(key, `\}`) {
+	if strings.IndexByte(key, '\\') >= 0 || strings.IndexByte(key, '}') >= 0 {
 		for i := 0; i < len(key); i++ {
 			switch key[i] {
 			case '\\':

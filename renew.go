@@ -47,12 +47,12 @@ const (
 	renewalStopped
 )
 
-// start queues r; its renewer starts a third of a lease from now.
+// start queues r; its renewer starts a third of a lease after r.claimed,
+// or later, as soon as the renewals queued before it are due.
 func (q *renewals) start(r *renewal) {
-	now := time.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	r.due = now.Add(q.every)
+	r.due = r.claimed.Add(q.every)
 	if q.tail != nil {
 		if r.due.Before(q.tail.due) {
 			r.due = q.tail.due // keep the queue in order
@@ -66,10 +66,11 @@ func (q *renewals) start(r *renewal) {
 		return
 	}
 	q.armed = true
+	d := time.Until(r.due)
 	if q.timer == nil {
-		q.timer = time.AfterFunc(r.due.Sub(now), q.fire)
+		q.timer = time.AfterFunc(d, q.fire)
 	} else {
-		q.timer.Reset(r.due.Sub(now))
+		q.timer.Reset(d)
 	}
 }
 

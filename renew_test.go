@@ -23,7 +23,7 @@ func TestRenewalQueue(t *testing.T) {
 	var all []*renewal
 	for step := range 2000 {
 		if len(live) == 0 || rng.IntN(3) > 0 {
-			r := &renewal{}
+			r := &renewal{claimed: time.Now()}
 			q.start(r)
 			live[r] = true
 			all = append(all, r)

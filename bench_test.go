@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -533,7 +534,8 @@ func BenchmarkPaired(b *testing.B) {
 // inverse of its throughput), raw/idem (the ratio of their throughputs)
 // and, as cpuMeter does, the CPU time of its phases per call, of the client
 // and of the server. A call under way when the phase changes counts for
-// its own phase.
+// its own phase. The connection pool is filled before, and runs start with
+// either side in turn.
 func pairedParallel(b *testing.B, srv benchServer, calls [2]func() error) {
 	var (
 		phase   atomic.Int32 // index into calls
@@ -545,6 +547,20 @@ func pairedParallel(b *testing.B, srv benchServer, calls [2]func() error) {
 		cliOK, srvOK         = true, true
 	)
 	m := startCPU(b, srv) // for its server connection
+	// Fill the connection pool first, or the first phase would pay for
+	// dialling it; and start with each side in turn, run after run.
+	var warm sync.WaitGroup
+	for range 8 * runtime.GOMAXPROCS(0) {
+		warm.Go(func() {
+			for _, call := range calls {
+				if err := call(); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	}
+	warm.Wait()
+	phase.Store(int32(benchRuns.Add(1) % 2))
 	b.SetParallelism(8)
 	b.ResetTimer()
 	go func() {

@@ -630,9 +630,10 @@ const pairedPhase = 20 * time.Millisecond
 // BenchmarkScripts measures what the server spends in the scripts of a new
 // key (claim, then complete, with a 100-byte result), idem's beside the
 // raw baseline's, without the client: the scripts go in pipelines of 100
-// keys, and the server's own count of the time in EVALSHA (INFO
-// commandstats) gives script-us/op, which the round trips and the client
-// do not blur. One op is one key.
+// keys, idem's and the baseline's in turns, and the server's own count of
+// the time in EVALSHA (INFO commandstats) gives idem-script-us/op and
+// raw-script-us/op, which the round trips and the client do not blur, and
+// raw/idem. One op is one key.
 func BenchmarkScripts(b *testing.B) {
 	srv := benchRedis(b)
 	if !srv.real {
@@ -641,74 +642,89 @@ func BenchmarkScripts(b *testing.B) {
 	ctx := context.Background()
 	p := benchPayload(100)
 	const batch = 100
-	run := func(b *testing.B, claim, complete *redis.Script, args func(key string) (claim, complete []any)) {
-		rdb := benchClient(b, srv.addr)
-		ks := newBenchKeys(b, rdb, rawKey, len(p))
-		if err := claim.Load(ctx, rdb).Err(); err != nil {
-			b.Fatal(err)
-		}
-		if err := complete.Load(ctx, rdb).Err(); err != nil {
-			b.Fatal(err)
-		}
-		var usec, calls float64
-		pipeline := func(send func(pipe redis.Pipeliner)) {
-			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+	rdb := benchClient(b, srv.addr)
+	c := benchIdem(b, srv.addr)
+	type side struct {
+		claim, complete *redis.Script
+		args            func() (claim, complete []any)
+		ks              *benchKeys
+		usec, calls     float64
+	}
+	sides := [2]*side{
+		{
+			claim:    redis.NewScript(idem.ScriptSource("claim")),
+			complete: redis.NewScript(idem.ScriptSource("complete")),
+			args: func() (claim, complete []any) {
+				return idem.NewKeyArgs(c, benchFingerprint, rawToken, p)
+			},
+		},
+		{
+			claim: rawClaim, complete: rawComplete,
+			args: func() (claim, complete []any) {
+				return []any{rawToken, benchRetention.Milliseconds()}, []any{p}
+			},
+		},
+	}
+	for _, sd := range sides {
+		sd.ks = newBenchKeys(b, rdb, rawKey, len(p))
+		for _, s := range []*redis.Script{sd.claim, sd.complete} {
+			if err := s.Load(ctx, rdb).Err(); err != nil {
 				b.Fatal(err)
 			}
-			pipe := rdb.Pipeline()
-			send(pipe)
-			cmds, err := pipe.Exec(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			for _, cmd := range cmds {
-				if v, _ := cmd.(*redis.Cmd).Result(); v == int64(0) || v == nil {
-					b.Fatalf("a script answered %v", v)
-				}
-			}
-			u, c := evalshaStats(b, rdb)
-			usec, calls = usec+u, calls+c
 		}
-		b.ResetTimer()
-		for b.Loop() {
+	}
+	pipeline := func(sd *side, send func(pipe redis.Pipeliner)) {
+		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		pipe := rdb.Pipeline()
+		send(pipe)
+		cmds, err := pipe.Exec(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, cmd := range cmds {
+			if v, _ := cmd.(*redis.Cmd).Result(); v == int64(0) || v == nil {
+				b.Fatalf("a script answered %v", v)
+			}
+		}
+		u, n := evalshaStats(b, rdb)
+		sd.usec, sd.calls = sd.usec+u, sd.calls+n
+	}
+	i := 0
+	for b.Loop() {
+		for j := range sides {
+			sd := sides[(i+j)%2] // which side goes first alternates
 			b.StopTimer()
 			rks, cargs, pargs := make([]string, batch), make([][]any, batch), make([][]any, batch)
-			for i := range rks {
-				rks[i] = rawKey(ks.next())
-				cargs[i], pargs[i] = args(rks[i])
+			for k := range rks {
+				rks[k] = rawKey(sd.ks.next())
+				cargs[k], pargs[k] = sd.args()
 			}
 			b.StartTimer()
-			pipeline(func(pipe redis.Pipeliner) {
-				for i, rk := range rks {
-					pipe.EvalSha(ctx, claim.Hash(), []string{rk}, cargs[i]...)
+			pipeline(sd, func(pipe redis.Pipeliner) {
+				for k, rk := range rks {
+					pipe.EvalSha(ctx, sd.claim.Hash(), []string{rk}, cargs[k]...)
 				}
 			})
-			pipeline(func(pipe redis.Pipeliner) {
-				for i, rk := range rks {
-					pipe.EvalSha(ctx, complete.Hash(), []string{rk, rk + ":done"}, pargs[i]...)
+			pipeline(sd, func(pipe redis.Pipeliner) {
+				for k, rk := range rks {
+					pipe.EvalSha(ctx, sd.complete.Hash(), []string{rk, rk + ":done"}, pargs[k]...)
 				}
 			})
-			ks.maybeFlush()
+			sd.ks.maybeFlush()
 		}
-		if calls != float64(2*batch*b.N) {
-			b.Fatalf("the server counted %v script calls, want %d", calls, 2*batch*b.N)
-		}
-		b.ReportMetric(usec/float64(batch*b.N), "script-us/op")
-		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(batch*b.N), "ns/op")
+		i++
 	}
-	b.Run("idem", func(b *testing.B) {
-		c := benchIdem(b, srv.addr)
-		claim := redis.NewScript(idem.ScriptSource("claim"))
-		complete := redis.NewScript(idem.ScriptSource("complete"))
-		run(b, claim, complete, func(string) (claim, complete []any) {
-			return idem.NewKeyArgs(c, benchFingerprint, rawToken, p)
-		})
-	})
-	b.Run("raw", func(b *testing.B) {
-		run(b, rawClaim, rawComplete, func(string) (claim, complete []any) {
-			return []any{rawToken, benchRetention.Milliseconds()}, []any{p}
-		})
-	})
+	for _, sd := range sides {
+		if sd.calls != float64(2*batch*b.N) {
+			b.Fatalf("the server counted %v script calls, want %d", sd.calls, 2*batch*b.N)
+		}
+	}
+	idemUs, rawUs := sides[0].usec/float64(batch*b.N), sides[1].usec/float64(batch*b.N)
+	b.ReportMetric(idemUs, "idem-script-us/op")
+	b.ReportMetric(rawUs, "raw-script-us/op")
+	b.ReportMetric(rawUs/idemUs, "raw/idem")
 }
 
 // evalshaStats reads the time the server spent in EVALSHA (µs) and the

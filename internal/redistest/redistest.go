@@ -230,13 +230,6 @@ func (s *Server) Restart(tb testing.TB) {
 	}
 }
 
-// Pause stops the server with SIGSTOP: it keeps its connections open but
-// answers nothing until Resume.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP, true) }
-
-// Resume continues a server stopped by Pause with SIGCONT.
-func (s *Server) Resume() { s.signal(syscall.SIGCONT, false) }
-
 // signal sends sig to the running server and records whether it is paused.
 func (s *Server) signal(sig syscall.Signal, paused bool) {
 	s.mu.Lock()

@@ -448,25 +448,15 @@ func BenchmarkPaired(b *testing.B) {
 	for _, size := range resultSizes {
 		p := benchPayload(size.n)
 		b.Run("NewKey/"+size.name, func(b *testing.B) {
-			rdb := benchClient(b, srv.addr)
-			c := idem.New(rdb)
-			b.Cleanup(func() { _ = c.Close() })
-			iks := newBenchKeys(b, rdb, func(k string) string { return idem.RecordKey(c, k) }, size.n)
-			rks := newBenchKeys(b, rdb, rawKey, size.n)
-			fn := benchResultFn(p)
-			idemCall := func() {
-				if _, err := c.Do(ctx, iks.next(), benchFingerprint, fn); err != nil {
-					b.Fatal(err)
+			calls, flush := pairedNewKeys(b, srv, p)
+			must := func(call func() error) func() {
+				return func() {
+					if err := call(); err != nil {
+						b.Fatal(err)
+					}
 				}
 			}
-			rawCall := func() {
-				if err := rawNewKey(ctx, rdb, rks.next(), rawToken, p); err != nil {
-					b.Fatal(err)
-				}
-			}
-			idemCall() // caches the scripts
-			rawCall()
-			paired(b, idemCall, rawCall, func() { iks.maybeFlush(); rks.maybeFlush() })
+			paired(b, must(calls[0]), must(calls[1]), flush)
 		})
 	}
 	for _, size := range resultSizes {
@@ -504,24 +494,34 @@ func BenchmarkPaired(b *testing.B) {
 			func() { rawConflictCall(b, ctx, rdb, rk) }, func() {})
 	})
 	b.Run("NewKeyParallel", func(b *testing.B) {
-		rdb := benchClient(b, srv.addr)
-		c := idem.New(rdb)
-		b.Cleanup(func() { _ = c.Close() })
-		p := benchPayload(100)
-		fn := benchResultFn(p)
-		iks := newBenchKeys(b, rdb, func(k string) string { return idem.RecordKey(c, k) }, len(p))
-		rks := newBenchKeys(b, rdb, rawKey, len(p))
-		calls := [2]func() error{
-			func() error { _, err := c.Do(ctx, iks.next(), benchFingerprint, fn); return err },
-			func() error { return rawNewKey(ctx, rdb, rks.next(), rawToken, p) },
-		}
-		for _, call := range calls {
-			if err := call(); err != nil { // caches the scripts
-				b.Fatal(err)
-			}
-		}
+		calls, _ := pairedNewKeys(b, srv, benchPayload(100))
 		pairedParallel(b, srv, calls)
 	})
+}
+
+// pairedNewKeys returns the new-key calls, with result p, of idem
+// (calls[0]) and of the raw baseline (calls[1]), through one go-redis
+// client and each on keys of its own, having made each once to cache the
+// scripts; flush deletes their records once they hold flushBytes (not for
+// parallel use; the run's end deletes them all).
+func pairedNewKeys(b *testing.B, srv benchServer, p []byte) (calls [2]func() error, flush func()) {
+	ctx := context.Background()
+	rdb := benchClient(b, srv.addr)
+	c := idem.New(rdb)
+	b.Cleanup(func() { _ = c.Close() })
+	iks := newBenchKeys(b, rdb, func(k string) string { return idem.RecordKey(c, k) }, len(p))
+	rks := newBenchKeys(b, rdb, rawKey, len(p))
+	fn := benchResultFn(p)
+	calls = [2]func() error{
+		func() error { _, err := c.Do(ctx, iks.next(), benchFingerprint, fn); return err },
+		func() error { return rawNewKey(ctx, rdb, rks.next(), rawToken, p) },
+	}
+	for _, call := range calls {
+		if err := call(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return calls, func() { iks.maybeFlush(); rks.maybeFlush() }
 }
 
 // pairedParallel runs calls[0] (idem's) and calls[1] (the baseline's) from

@@ -1,3 +1,6 @@
+// context.go: the contexts of a call: fn's (with its Attempt) and the
+// detached ones that bound recording and releasing.
+
 package idem
 
 import (

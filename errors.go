@@ -1,3 +1,5 @@
+// errors.go: the errors Do returns, Permanent, and the replayed StoredError.
+
 package idem
 
 import (

@@ -1,3 +1,5 @@
+// fingerprint.go: Fingerprint, a stable digest of an operation's parameters.
+
 package idem
 
 import (

@@ -1,3 +1,5 @@
+// options.go: the Options of New, their defaults and their validation.
+
 package idem
 
 import (

@@ -1,3 +1,6 @@
+// renew.go: the renewal queue and its timer, which keep the leases of
+// running fns.
+
 package idem
 
 import (

@@ -1,0 +1,217 @@
+// hub.go: the subscriber connections that wake waiters when an owner
+// finishes or gives up.
+
+package idem
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// hub holds the Client's subscriber connections: one for a single Redis or
+// Sentinel, one per master for a cluster (sharded pub/sub lives on the
+// shard). Channels are subscribed when their first waiter comes and
+// unsubscribed when their last one goes.
+type hub struct {
+	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient
+	done    chan struct{} // closed by close
+
+	mu       sync.Mutex
+	closed   bool                     // guarded by mu
+	disabled bool                     // guarded by mu; tests: no pub/sub, polling only
+	groups   map[string]*redis.PubSub // guarded by mu; by master address ("" outside a cluster)
+	chans    map[string]*channelState // guarded by mu; by channel
+
+	wg sync.WaitGroup // the groups' reader goroutines
+
+	// io orders the subscriber connections' writes. It is taken while h.mu
+	// is held, then h.mu is released, so writes go out in the order the
+	// maps changed without blocking notifications.
+	io sync.Mutex
+
+	// beforeSubscribe, when set (tests), runs between a waiter's claim and
+	// its subscribe: the gap where a missed notification would hide.
+	beforeSubscribe func(channel string)
+}
+
+type channelState struct {
+	waiters   map[*watcher]struct{}
+	confirmed bool // the server confirmed the subscription: no message can be missed from now on
+	group     *redis.PubSub
+}
+
+// A watcher is one waiter's interest in one channel. sig receives a value
+// whenever the waiter should claim again: the subscription was confirmed
+// (or renewed after a reconnect), or a notification arrived.
+type watcher struct {
+	h   *hub
+	ch  string
+	sig chan struct{}
+}
+
+func newHub(rdb redis.UniversalClient) *hub {
+	h := &hub{
+		rdb:    rdb,
+		done:   make(chan struct{}),
+		groups: make(map[string]*redis.PubSub),
+		chans:  make(map[string]*channelState),
+	}
+	h.cluster, _ = rdb.(*redis.ClusterClient)
+	return h
+}
+
+func (h *hub) watch(ch string) *watcher {
+	w := &watcher{h: h, ch: ch, sig: make(chan struct{}, 1)}
+	if hook := h.beforeSubscribe; hook != nil {
+		hook(ch)
+	}
+	shard := ""
+	if h.cluster != nil {
+		if m, err := h.cluster.MasterForKey(context.Background(), ch); err == nil {
+			shard = m.Options().Addr
+		}
+	}
+	h.mu.Lock()
+	if h.closed || h.disabled {
+		h.mu.Unlock()
+		return w
+	}
+	if cs, ok := h.chans[ch]; ok {
+		cs.waiters[w] = struct{}{}
+		if cs.confirmed {
+			w.notify()
+		}
+		h.mu.Unlock()
+		return w
+	}
+	ps, started := h.groups[shard]
+	if !started {
+		// No I/O yet: in a cluster, the connection must go to the shard
+		// of the first channel, which the subscribe below names.
+		if h.cluster != nil {
+			ps = h.cluster.SSubscribe(context.Background())
+		} else {
+			ps = h.rdb.Subscribe(context.Background())
+		}
+		h.groups[shard] = ps
+	}
+	h.chans[ch] = &channelState{waiters: map[*watcher]struct{}{w: {}}, group: ps}
+	// Hand over to the I/O lock: subscribes and unsubscribes go out in the
+	// order the map changed, while notifications need only h.mu.
+	h.io.Lock()
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	// On error the waiter still polls; go-redis resubscribes on reconnect.
+	if h.cluster != nil {
+		_ = ps.SSubscribe(ctx, ch)
+	} else {
+		_ = ps.Subscribe(ctx, ch)
+	}
+	cancel()
+	h.io.Unlock()
+	if !started {
+		// After the first subscribe, which picked the connection's node;
+		// and without h.io, as start takes h.mu (the lock order is h.mu,
+		// then h.io).
+		h.start(ps)
+	}
+	return w
+}
+
+// start runs the reader of a new subscriber connection.
+func (h *hub) start(ps *redis.PubSub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return // close closed ps
+	}
+	msgs := ps.ChannelWithSubscriptions(redis.WithChannelSize(1024))
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		for m := range msgs {
+			switch m := m.(type) {
+			case *redis.Message:
+				h.notify(m.Channel, false)
+			case *redis.Subscription:
+				if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+					h.notify(m.Channel, true)
+				}
+			}
+		}
+	}()
+}
+
+func (h *hub) notify(ch string, confirmed bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	cs, ok := h.chans[ch]
+	if !ok {
+		return
+	}
+	if confirmed {
+		cs.confirmed = true
+	}
+	for w := range cs.waiters {
+		w.notify()
+	}
+}
+
+func (w *watcher) notify() {
+	select {
+	case w.sig <- struct{}{}:
+	default:
+	}
+}
+
+func (w *watcher) stop() {
+	h := w.h
+	h.mu.Lock()
+	cs, ok := h.chans[w.ch]
+	if ok {
+		delete(cs.waiters, w)
+	}
+	if !ok || len(cs.waiters) > 0 || h.closed {
+		if ok && len(cs.waiters) == 0 {
+			delete(h.chans, w.ch)
+		}
+		h.mu.Unlock()
+		return
+	}
+	delete(h.chans, w.ch)
+	h.io.Lock()
+	h.mu.Unlock()
+	defer h.io.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if h.cluster != nil {
+		_ = cs.group.SUnsubscribe(ctx, w.ch)
+	} else {
+		_ = cs.group.Unsubscribe(ctx, w.ch)
+	}
+}
+
+func (h *hub) close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	close(h.done)
+	var errs []error
+	for _, ps := range h.groups {
+		if err := ps.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	h.mu.Unlock()
+	h.wg.Wait()
+	return errors.Join(errs...)
+}

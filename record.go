@@ -1,0 +1,201 @@
+// record.go: the record format in Go, mirroring lua/record.lua: building
+// records and reading the scripts' replies.
+
+package idem
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// claimReply is a decoded reply of lua/claim.lua.
+type claimReply struct {
+	kind      byte          // 'c' claimed, 'd' done, 'f' failed, 'b' busy, 'x' conflict, 'v' bad record
+	n         int64         // attempt number ('c', 'b')
+	leaseLeft time.Duration // ('c', 'b')
+	payload   string        // result ('d'), message ('f'), reason ('v')
+}
+
+// claimRecord builds the record of a claim (see lua/record.lua): attempt n
+// in progress, with fingerprint digest fp, owner token and the lease mark,
+// as claim.lua writes it and renew.lua keeps it. claim.lua stores it as it
+// is when the key is new; complete.lua finds it unchanged while the claim
+// is the caller's.
+func (c *Client) claimRecord(fp, token string, n int64) []byte {
+	b := make([]byte, 0, headerSize(fp, token)+len(c.mark))
+	return append(appendHeader(b, 'p', fp, token, n), c.mark...)
+}
+
+// headerSize bounds the size of a record's header (appendHeader).
+func headerSize(fp, token string) int { return 3 + len(fp) + 1 + len(token) + 20 + 1 }
+
+// appendHeader appends the header of a record in state st (see
+// lua/record.lua), "1" st len(fp) fp len(token) token n ":", to b.
+func appendHeader(b []byte, st byte, fp, token string, n int64) []byte {
+	b = append(b, '1', st, byte(len(fp)))
+	b = append(b, fp...)
+	b = append(b, byte(len(token)))
+	b = append(b, token...)
+	b = strconv.AppendInt(b, n, 10)
+	return append(b, ':')
+}
+
+// replyBytes returns the bytes of s, a string cut from a go-redis reply,
+// without copying them: a replayed result may be large. go-redis reads each
+// bulk reply into a []byte of its own and hands it out as a string without
+// a copy (as its StringCmd.Bytes hands such bytes back without one); once
+// the command is dropped, nothing else refers to them, so they can be the
+// caller's.
+func replyBytes(s string) []byte {
+	if s == "" {
+		return []byte{}
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}
+
+// claimResult reads a reply of lua/claim.lua to a call with fingerprint
+// digest fp and the given lease: an attempt number (claimed, with the whole
+// lease), 0 (a conflict), a finished record (see readFinished), or an array
+// (see parseClaim).
+func claimResult(v any, fp string, lease time.Duration) (claimReply, error) {
+	switch v := v.(type) {
+	case int64:
+		switch {
+		case v == 0:
+			return claimReply{kind: 'x'}, nil
+		case v >= 1:
+			return claimReply{kind: 'c', n: v, leaseLeft: lease}, nil
+		}
+	case string:
+		return readFinished(v, fp), nil
+	case []any:
+		return parseClaim(v)
+	}
+	return claimReply{}, fmt.Errorf("%w: unexpected claim reply %v", ErrCorrupt, v)
+}
+
+// readFinished reads a finished record, which claim.lua returns whole (see
+// lua/record.lua for the format), for a call with fingerprint digest fp:
+// its outcome ('d' or 'f', with the payload), a conflict ('x') when the
+// stored fingerprint differs, or 'v' with the reason when the record is not
+// one this version understands. It checks what lua/record.lua's parse
+// checks.
+func readFinished(s, fp string) claimReply {
+	bad := claimReply{kind: 'v', payload: "malformed record"}
+	if s == "" || s[0] != '1' {
+		return claimReply{kind: 'v', payload: "unknown record version"}
+	}
+	if len(s) < 3 || (s[1] != 'd' && s[1] != 'f') {
+		return bad
+	}
+	fpEnd := 3 + int(s[2]) // fp is s[3:fpEnd]; the owner's length byte is at fpEnd
+	if fpEnd+1 > len(s) || fpEnd+1+int(s[fpEnd]) >= len(s) {
+		return bad // lengths past the end, or no attempt number after the owner
+	}
+	nStart := fpEnd + 1 + int(s[fpEnd])
+	colon := strings.IndexByte(s[nStart:], ':')
+	if colon < 1 || colon > 15 {
+		return bad
+	}
+	n := s[nStart : nStart+colon]
+	for i := 0; i < len(n); i++ {
+		if n[i] < '0' || n[i] > '9' {
+			return bad
+		}
+	}
+	if strings.Trim(n, "0") == "" {
+		return bad // attempt 0
+	}
+	if stored := s[3:fpEnd]; fp != "" && stored != "" && stored != fp {
+		return claimReply{kind: 'x'}
+	}
+	return claimReply{kind: s[1], payload: s[nStart+colon+1:]}
+}
+
+// parseClaim reads the array replies of lua/claim.lua: claimed before
+// ('c'), busy ('b'), or a record this version does not understand ('v').
+func parseClaim(v []any) (claimReply, error) {
+	bad := func() (claimReply, error) {
+		return claimReply{}, fmt.Errorf("%w: unexpected claim reply %v", ErrCorrupt, v)
+	}
+	if len(v) == 0 {
+		return bad()
+	}
+	kind, _ := v[0].(string)
+	if len(kind) != 1 {
+		return bad()
+	}
+	r := claimReply{kind: kind[0]}
+	switch r.kind {
+	case 'c', 'b':
+		if len(v) != 3 {
+			return bad()
+		}
+		a, ok1 := v[1].(int64)
+		b, ok2 := v[2].(int64)
+		if !ok1 || !ok2 {
+			return bad()
+		}
+		if r.kind == 'b' {
+			a, b = b, a
+		}
+		// a is the attempt number, b the lease left in ms: a busy lease has
+		// some left; none lasts 30 years.
+		if a < 1 || b < 0 || b > 1<<40 || (r.kind == 'b' && b == 0) {
+			return bad()
+		}
+		r.n, r.leaseLeft = a, time.Duration(b)*time.Millisecond
+	case 'v':
+		if len(v) != 2 {
+			return bad()
+		}
+		s, ok := v[1].(string)
+		if !ok {
+			return bad()
+		}
+		r.payload = s
+	default:
+		return bad()
+	}
+	return r, nil
+}
+
+// finishedRecord builds the record that stores an outcome (see
+// lua/record.lua): state 'd' with the result, or 'f' with the permanent
+// error's message, as payload, after the header of attempt n claimed with
+// fingerprint digest fp and owner token. Built here, it reaches Redis as
+// one argument that complete.lua stores as it is: Lua copies nothing.
+//
+// A large record's buffer comes from recordBufs and goes back there when
+// free is called, once the record is sent for good: go-redis writes a
+// command's arguments while it runs and keeps nothing of them after.
+func finishedRecord(state byte, fp, token string, n int64, payload []byte) (record []byte, free func()) {
+	size := headerSize(fp, token) + len(payload)
+	var buf *[]byte
+	if size >= pooledRecord {
+		buf, _ = recordBufs.Get().(*[]byte)
+		if buf == nil || cap(*buf) < size {
+			buf = new([]byte)
+			*buf = make([]byte, 0, size)
+		}
+		record = (*buf)[:0]
+	} else {
+		record = make([]byte, 0, size)
+	}
+	record = append(appendHeader(record, state, fp, token, n), payload...)
+	if buf == nil {
+		return record, func() {}
+	}
+	return record, func() { recordBufs.Put(buf) }
+}
+
+// recordBufs recycles the buffers of finished records of at least
+// pooledRecord bytes (as *[]byte): without it, every large result would
+// cost an allocation of its size, and the garbage collections that follow.
+var recordBufs sync.Pool
+
+const pooledRecord = 64 << 10

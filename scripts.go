@@ -1,0 +1,111 @@
+// scripts.go: the embedded Lua scripts and write, which runs one (EVALSHA
+// with the EVAL fallback, and WAIT for WithReplicas).
+
+package idem
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lua/record.lua
+	recordSrc string
+	//go:embed lua/claim.lua
+	claimSrc string
+	//go:embed lua/complete.lua
+	completeSrc string
+	//go:embed lua/release.lua
+	releaseSrc string
+	//go:embed lua/renew.lua
+	renewSrc string
+	//go:embed lua/status.lua
+	statusSrc string
+
+	claimScript    = newScript(claimSrc)
+	completeScript = newScript(completeSrc)
+	releaseScript  = newScript(releaseSrc)
+	renewScript    = newScript(renewSrc)
+	statusScript   = newScript(statusSrc)
+)
+
+// script is a Lua script with its source at hand, for the pipelined EVAL
+// fallback of WithReplicas.
+type script struct {
+	*redis.Script
+	src string
+}
+
+// newScript inserts the helpers of lua/record.lua into a script where it
+// says --[[lua/record.lua]], or else at its top.
+func newScript(src string) script {
+	if strings.Contains(src, recordMarker) {
+		src = strings.Replace(src, recordMarker, recordSrc, 1)
+	} else {
+		src = recordSrc + "\n" + src
+	}
+	return script{redis.NewScript(src), src}
+}
+
+const recordMarker = "--[[lua/record.lua]]"
+
+// claim runs lua/claim.lua for a call with fingerprint digest fp; keys are
+// the record's and its channel's, first the record that a claim of a new
+// key writes (claimRecord of attempt 1), which also tells the script the
+// call's fingerprint, owner token and lease.
+func (c *Client) claim(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
+	v, err := c.write(ctx, claimScript, keys[:1], first, c.retentionMs).Result()
+	if err != nil {
+		return claimReply{}, err
+	}
+	return claimResult(v, fp, c.cfg.lease)
+}
+
+// write runs a script that changes a record. With WithReplicas, the script
+// and a WAIT go in one pipeline, on one connection to the record's primary,
+// and a shortfall of replicas is an error wrapping ErrNotReplicated (the
+// script's reply is kept in the returned command all the same).
+func (c *Client) write(ctx context.Context, s script, keys []string, args ...any) *redis.Cmd {
+	if c.cfg.replicas == 0 {
+		return s.Run(ctx, c.rdb, keys, args...)
+	}
+	var node redis.Cmdable = c.rdb
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, keys[0])
+		if err != nil {
+			cmd := redis.NewCmd(ctx)
+			cmd.SetErr(err)
+			return cmd
+		}
+		node = m
+	}
+	run := func(sha bool) (*redis.Cmd, *redis.Cmd) {
+		pipe := node.Pipeline()
+		var cmd *redis.Cmd
+		if sha {
+			cmd = pipe.EvalSha(ctx, s.Hash(), keys, args...)
+		} else {
+			cmd = pipe.Eval(ctx, s.src, keys, args...)
+		}
+		w := pipe.Do(ctx, "WAIT", c.cfg.replicas, c.cfg.replicaWait.Milliseconds())
+		_, _ = pipe.Exec(ctx)
+		return cmd, w
+	}
+	cmd, w := run(true)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd, w = run(false)
+	}
+	if cmd.Err() != nil {
+		return cmd
+	}
+	if err := w.Err(); err != nil {
+		cmd.SetErr(fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err))
+	} else if got, _ := w.Val().(int64); got < int64(c.cfg.replicas) {
+		cmd.SetErr(fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, got, c.cfg.replicas, c.cfg.replicaWait))
+	}
+	return cmd
+}

@@ -1,0 +1,122 @@
+// status.go: State, Status and Forget: an operator's view of one key's
+// record.
+
+package idem
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// State is the state of a key's record.
+type State int
+
+// String returns the state's name.
+func (s State) String() string {
+	switch s {
+	case StateAbsent:
+		return "absent"
+	case StateInProgress:
+		return "in progress"
+	case StateDone:
+		return "done"
+	case StateFailed:
+		return "failed"
+	case StateReleased:
+		return "released"
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Status describes a key's record, with times from the Redis server's clock.
+type Status struct {
+	// State is the record's state.
+	State State
+	// Attempt is the latest attempt number (0 when absent).
+	Attempt int64
+	// LeaseEnds is when the latest attempt's lease ends or ended, for a
+	// record in progress or released (zero otherwise). While State is
+	// StateInProgress, the next caller takes over after it.
+	LeaseEnds time.Time
+	// Expires is when the record will be deleted (zero when absent).
+	Expires time.Time
+}
+
+// Status reports the state of key's record without changing it.
+func (c *Client) Status(ctx context.Context, key string) (Status, error) {
+	if err := c.checkCall(ctx, key); err != nil {
+		return Status{}, err
+	}
+	v, err := statusScript.Run(ctx, c.rdb, c.keys(key)[:1]).Slice()
+	if err != nil {
+		return Status{}, fmt.Errorf("idem: status of key %q: %w", key, err)
+	}
+	return parseStatus(key, v)
+}
+
+func parseStatus(key string, v []any) (Status, error) {
+	bad := func(why string) (Status, error) {
+		return Status{}, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, why)
+	}
+	if len(v) == 2 {
+		if why, ok := v[1].(string); ok && v[0] == "v" {
+			return bad(why)
+		}
+	}
+	if len(v) != 5 {
+		return bad("unexpected status reply")
+	}
+	now, ok1 := v[0].(int64)
+	pttl, ok2 := v[1].(int64)
+	st, ok3 := v[2].(string)
+	n, ok4 := v[3].(int64)
+	lu, ok5 := v[4].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+		return bad("unexpected status reply")
+	}
+	switch {
+	case st == "" && (pttl != -2 || n != 0 || lu != 0):
+		return bad("inconsistent reply for an absent record")
+	case st == "":
+		return Status{}, nil
+	case pttl < -1 || n < 1 || lu < 0 || (lu != 0 && (st == "d" || st == "f")):
+		return bad("inconsistent status reply")
+	}
+	var s Status
+	switch st {
+	case "p":
+		s.State = StateInProgress
+	case "d":
+		s.State = StateDone
+	case "f":
+		s.State = StateFailed
+	case "r":
+		s.State = StateReleased
+	default:
+		return bad(fmt.Sprintf("unknown state %q", st))
+	}
+	s.Attempt = n
+	if lu > 0 {
+		s.LeaseEnds = time.UnixMilli(lu)
+	}
+	if pttl >= 0 {
+		s.Expires = time.UnixMilli(now + pttl)
+	}
+	return s, nil
+}
+
+// Forget deletes key's record, whatever its state: the next Do runs fn as
+// attempt 1. It is an operator's escape hatch (a stuck or wrong record);
+// forgetting a key whose operation ran lets a retry run it again. Waiters
+// of a forgotten in-progress key see ErrExpired.
+func (c *Client) Forget(ctx context.Context, key string) error {
+	if err := c.checkCall(ctx, key); err != nil {
+		return err
+	}
+	if err := c.rdb.Del(ctx, c.recordKey(key)).Err(); err != nil {
+		return fmt.Errorf("idem: forget key %q: %w", key, err)
+	}
+	return nil
+}

@@ -5,6 +5,7 @@ package idem
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,9 +71,16 @@ func (c *detachedCtx) Value(key any) any {
 
 // attemptCtx is the context of fn: cancelled when the lease is lost (the
 // embedded Context, from context.WithCancelCause), carrying the Attempt.
+// It also ends at the owner's lease deadline (see lease): Err looks at the
+// clock, so an fn that checks its context never acts past the deadline,
+// even before the renewer's timer has closed Done.
 type attemptCtx struct {
 	context.Context
-	a Attempt
+	a      Attempt
+	cancel context.CancelCauseFunc
+	// deadline is the owner's lease deadline, in monotonic nanoseconds
+	// (mono); renewals move it later.
+	deadline atomic.Int64
 }
 
 // Value returns a *Attempt for attemptKey: a pointer into c, which costs no
@@ -83,3 +91,31 @@ func (c *attemptCtx) Value(key any) any {
 	}
 	return c.Context.Value(key)
 }
+
+// Err is the embedded context's, or, once the lease deadline has passed,
+// context.Canceled with cause errLeaseEnded.
+func (c *attemptCtx) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if mono() >= c.deadline.Load() {
+		c.cancel(errLeaseEnded)
+		return c.Context.Err()
+	}
+	return nil
+}
+
+// errLeaseEnded is the cause of fn's context when the owner's lease
+// deadline passed without a renewal that moved it.
+var errLeaseEnded = fmt.Errorf("%w: the lease ended before a renewal succeeded", ErrLeaseLost)
+
+// monoBase anchors mono: time.Since reads the monotonic clock, which wall
+// clock changes do not move.
+var monoBase = time.Now()
+
+// mono returns the monotonic clock's time, in nanoseconds since monoBase.
+func mono() int64 { return int64(time.Since(monoBase)) }
+
+// monoOf returns t (which must carry a monotonic reading, as time.Now's
+// do) on mono's scale.
+func monoOf(t time.Time) int64 { return int64(t.Sub(monoBase)) }

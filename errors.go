@@ -20,7 +20,11 @@ var (
 
 	// ErrLeaseLost means fn ran, but its lease ended and another caller took
 	// over (or the record was deleted) before the outcome could be recorded:
-	// the outcome was not stored. The newer owner's outcome stands.
+	// the outcome was not stored. The newer owner's outcome stands. It is
+	// also the cause of fn's context when the owner's lease deadline passes
+	// without a renewal. Before fn starts, it means the claim came back with
+	// too little of its lease left and could not be renewed: fn did not run,
+	// and the claim was given back.
 	ErrLeaseLost = errors.New("idem: lease lost")
 
 	// ErrInvalidKey means the key is empty or longer than the limit

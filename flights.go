@@ -29,9 +29,10 @@ type flight struct {
 }
 
 func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
+	until := time.Now().Add(c.cfg.wait) // this caller's own wait budget
 	if c.cfg.wait <= 0 {
 		// Followers could only wait; with no waiting, each asks Redis.
-		res, err, _ := c.run(ctx, key, fp, fn)
+		res, err, _ := c.run(ctx, key, fp, until, fn)
 		return res, err
 	}
 	var timer *time.Timer
@@ -47,7 +48,7 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 			// Another call with other parameters is under way: let Redis
 			// decide which one conflicts.
 			f.mu.Unlock()
-			res, err, _ := c.run(ctx, key, fp, fn)
+			res, err, _ := c.run(ctx, key, fp, until, fn)
 			return res, err
 		}
 		if ok {
@@ -57,7 +58,7 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 			done := fl.done
 			f.mu.Unlock()
 			if timer == nil {
-				timer = time.NewTimer(c.cfg.wait)
+				timer = time.NewTimer(time.Until(until))
 			}
 			select {
 			case <-done:
@@ -79,11 +80,11 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 		}
 		f.m[key] = fl
 		f.mu.Unlock()
-		return f.lead(ctx, c, key, fl, fn)
+		return f.lead(ctx, c, key, until, fl, fn)
 	}
 }
 
-func (f *flights) lead(ctx context.Context, c *Client, key string, fl *flight, fn func(context.Context) ([]byte, error)) (res []byte, err error) {
+func (f *flights) lead(ctx context.Context, c *Client, key string, until time.Time, fl *flight, fn func(context.Context) ([]byte, error)) (res []byte, err error) {
 	fl.retry = true // kept if run panics
 	defer func() {
 		f.mu.Lock()
@@ -94,7 +95,7 @@ func (f *flights) lead(ctx context.Context, c *Client, key string, fl *flight, f
 			close(done)
 		}
 	}()
-	res, err, retry := c.run(ctx, key, fl.fp, fn)
+	res, err, retry := c.run(ctx, key, fl.fp, until, fn)
 	fl.res, fl.err, fl.retry = res, err, retry
 	return res, err
 }

@@ -39,6 +39,18 @@
 // understood, fn does not run and Do says why. When fn ran but its outcome
 // could not be stored, Do returns an error wrapping ErrNotRecorded.
 //
+// # Leases and clocks
+//
+// The server's TTL decides when another caller may take a key over. The
+// owner keeps its own, earlier deadline: a lease granted by a claim sent at
+// t ends for it at t + lease - lease/32 (the server acted after t), and a
+// renewal sent at t' that succeeds moves it to t' + lease - lease/32. fn
+// does not start on less than a third of a lease (the owner renews once
+// first), and fn's context ends at the owner's deadline, with cause
+// ErrLeaseLost, whether or not a renewal call is still hanging. This holds
+// under one assumption: over one lease, the client's and the server's
+// clocks drift apart by much less than lease/32.
+//
 // # What is not promised
 //
 // Exactly-once execution across a whole system is not promised, and cannot
@@ -97,6 +109,12 @@ type Client struct {
 	renewals renewals
 
 	firstPoll time.Duration // a waiter's first pause; tests raise it to rely on pub/sub alone
+	// margin is taken off the owner's lease deadline, for the drift of the
+	// client's clock against the server's, and for timers that fire late.
+	margin time.Duration
+
+	bg        sync.WaitGroup // work that outlives its call: releases, renewal calls
+	releasing atomic.Int64   // releases under way in the background
 
 	closed atomic.Bool
 	wg     sync.WaitGroup // the background check started by New
@@ -118,7 +136,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		panic(err)
 	}
 	c := &Client{
-		rdb: rdb, cfg: cfg, firstPoll: defaultFirstPoll,
+		rdb: rdb, cfg: cfg, firstPoll: min(defaultFirstPoll, cfg.pollInterval), margin: cfg.lease / 32,
 		publish: "PUBLISH", leaseMs: cfg.lease.Milliseconds(), retentionMs: cfg.retention.Milliseconds(),
 		mark: strconv.FormatInt(cfg.retention.Milliseconds()-cfg.lease.Milliseconds(), 10),
 	}
@@ -141,7 +159,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 }
 
 // Close stops what New started: it waits for the background check (at most
-// five seconds) and closes the subscriber connection that wakes waiters.
+// five seconds), closes the subscriber connection that wakes waiters, and
+// waits for the work that calls left in the background: releases of claims
+// whose callers gave up, and renewal calls still under way (each bounded by
+// WithStoreTimeout, or the go-redis client's timeouts).
 // Calls waiting for another owner return ErrClosed; later calls to Do
 // return ErrClosed. Close does not close the Redis client given to New. It
 // is safe to call more than once.
@@ -151,6 +172,7 @@ func (c *Client) Close() error {
 	}
 	err := c.hub.close()
 	c.wg.Wait()
+	c.bg.Wait()
 	return err
 }
 
@@ -208,9 +230,12 @@ func AttemptFrom(ctx context.Context) (Attempt, bool) {
 // fn panics, the key is released and the panic continues in the caller.
 //
 // fn's context carries the Attempt and is cancelled, with cause
-// ErrLeaseLost, if the lease is lost while fn runs. The outcome is recorded
-// with a context detached from ctx, so a caller that gives up does not
-// leave a finished operation unrecorded.
+// ErrLeaseLost, if the lease is lost while fn runs, or when the owner's
+// lease deadline passes without a renewal (see "Leases and clocks"); fn
+// should check it before each side effect. If fn ends with a panic or
+// runtime.Goexit, the key is released and either goes on. The outcome is
+// recorded with a context detached from ctx, so a caller that gives up
+// does not leave a finished operation unrecorded.
 //
 // If fn ran but the outcome could not be stored, Do returns fn's result
 // together with an error wrapping ErrNotRecorded (or ErrLeaseLost, when a

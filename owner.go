@@ -21,6 +21,37 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 	}
 }
 
+// giveBack releases a claim that fn never ran under (its outcome was
+// unknown, or the caller gave up), without holding the caller past its
+// context: the release goes on in the background, bounded by the store
+// timeout, and Close waits for it. With the context live, giveBack waits
+// for it, so that a caller that returns finds the key released. When too
+// many releases are under way already (Redis hangs), the claim is left to
+// its lease, which ends it as surely.
+func (c *Client) giveBack(ctx context.Context, keys []string, token string) {
+	if c.releasing.Add(1) > maxBackgroundReleases {
+		c.releasing.Add(-1)
+		c.cfg.logger.Warn("idem: too many releases under way; the key stays claimed until the lease ends",
+			"record", keys[0])
+		return
+	}
+	done := make(chan struct{})
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		defer c.releasing.Add(-1)
+		defer close(done)
+		c.release(ctx, keys, token)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// maxBackgroundReleases bounds the releases under way at once in a Client.
+const maxBackgroundReleases = 1024
+
 // complete records an outcome, a record built by finishedRecord, with
 // compare-and-set on the claim (claimed, built by claimRecord), retrying
 // with a detached context until the store timeout. It never releases: fn
@@ -53,38 +84,42 @@ func (c *Client) complete(ctx context.Context, keys []string, claimed, record []
 }
 
 // own runs fn as the owner of attempt n, claimed with fingerprint digest fp
-// by a request sent at sent that wrote the record claimed (see
-// claimRecord), and records its outcome. retry tells in-process followers
-// (see flights) that this outcome is not theirs to share: they should try
-// the key themselves.
-func (c *Client) own(ctx context.Context, key string, keys []string, fp, token string, claimed []byte, n int64, sent time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
+// by the caller's token, with the record claimed (see claimRecord), and
+// records its outcome. deadline (mono) is the owner's lease deadline, the
+// earliest moment the server may let another caller take over, less the
+// margin (see lease in wait.go): fn's context ends then unless a renewal
+// moves it. retry tells in-process followers (see flights) that this
+// outcome is not theirs to share: they should try the key themselves.
+//
+// Model: steps StartFn, Renew and Complete of model/idem.pml.
+func (c *Client) own(ctx context.Context, key string, keys []string, fp, token string, claimed []byte, n int64, deadline int64, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// fn's context and its lease's renewal, in one allocation.
 	o := &struct {
 		ctx   attemptCtx
 		lease renewal
-	}{ctx: attemptCtx{Context: cctx, a: Attempt{Key: key, Number: n}}}
+	}{ctx: attemptCtx{Context: cctx, a: Attempt{Key: key, Number: n}, cancel: cancel}}
 	fctx := &o.ctx
-	o.lease = renewal{ctx: fctx, cancel: cancel, keys: keys[:1], token: token, claimed: sent}
+	fctx.deadline.Store(deadline)
+	o.lease = renewal{ctx: fctx, keys: keys[:1], token: token,
+		due: monoBase.Add(time.Duration(deadline) - 2*c.renewals.every)}
 	c.renewals.start(&o.lease)
 
-	var panicked bool
-	var pv any
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				panicked, pv = true, p
-			}
-		}()
-		res, err = fn(fctx)
+	returned := false
+	defer func() {
+		if !returned {
+			// fn panicked (the panic goes on to the caller) or called
+			// runtime.Goexit (t.FailNow does): stop renewing, give the
+			// claim back, and let either go on.
+			c.renewals.stop(&o.lease)
+			c.release(ctx, keys, token)
+		}
 	}()
+	res, err = fn(fctx)
+	returned = true
 	c.renewals.stop(&o.lease)
 
-	if panicked {
-		c.release(ctx, keys, token)
-		panic(pv)
-	}
 	if err != nil && !errors.As(err, new(*permanentError)) {
 		c.release(ctx, keys, token)
 		return nil, err, true

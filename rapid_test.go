@@ -169,6 +169,11 @@ type rapidMachine struct {
 	execs    map[string][]*rapidExec // by key, in the order fn started
 	finals   map[string]*rapidFinal  // the first final outcome returned, by key
 	problems []string
+	// firstLate holds the keys whose first execution had an attempt above
+	// 1, and noRun counts the calls of a key that returned an error
+	// without running fn: one of those gave a claim back.
+	firstLate map[string]int64
+	noRun     map[string]int
 
 	wg      sync.WaitGroup // every goroutine the check started
 	gated   []*rapidCall   // every call whose fn blocks until told its outcome
@@ -332,7 +337,13 @@ func (m *rapidMachine) startExec(c *rapidCall, attempt int64) *rapidExec {
 			c.key, attempt, c.who, prev[len(prev)-1].attempt, prev[len(prev)-1].who))
 	}
 	if len(prev) == 0 && attempt != 1 {
-		m.problems = append(m.problems, fmt.Sprintf("key %q: the first execution has attempt %d", c.key, attempt))
+		// Allowed only where a call claimed the key and gave the claim
+		// back without running fn (its claim's reply came too late, or
+		// its context ended): finish checks that one did.
+		if m.firstLate == nil {
+			m.firstLate = make(map[string]int64)
+		}
+		m.firstLate[c.key] = attempt
 	}
 	m.execs[c.key] = append(prev, e)
 	return e
@@ -385,6 +396,12 @@ func (m *rapidMachine) record(c *rapidCall) {
 	if e != nil && e.outcome == "panic" && c.panicked == nil {
 		bad("fn panicked but Do returned (%q, %v)", c.res, c.err)
 	}
+	if e == nil && c.err != nil {
+		if m.noRun == nil {
+			m.noRun = make(map[string]int)
+		}
+		m.noRun[c.key]++
+	}
 	var (
 		se *idem.StoredError
 		tr *rapidTransient
@@ -417,6 +434,9 @@ func (m *rapidMachine) record(c *rapidCall) {
 		// not the key's final outcome: checked above.
 	case c.timeout > 0 && errors.Is(c.err, context.DeadlineExceeded):
 		// The deadline ended the call in a Redis round (claim or release).
+	case e == nil && errors.Is(c.err, idem.ErrLeaseLost):
+		// The claim's reply came with too little of the lease left, and
+		// renewing it failed: fn did not start, the claim was given back.
 	default:
 		bad("unexpected error: %v", c.err)
 	}
@@ -729,6 +749,11 @@ func (m *rapidMachine) finish(rt *rapid.T) {
 	m.check(rt)
 	m.mu.Lock()
 	keys := append([]string(nil), m.keys...)
+	for key, n := range m.firstLate {
+		if m.noRun[key] == 0 {
+			m.problems = append(m.problems, fmt.Sprintf("key %q: the first execution has attempt %d, but no call gave a claim back", key, n))
+		}
+	}
 	m.mu.Unlock()
 	for i, cl := range m.clients {
 		calls := make([]*rapidCall, len(keys))

@@ -12,10 +12,12 @@ import (
 
 // renewals keeps the leases of a Client's running fns: each is renewed
 // every third of the lease, by a goroutine of its own that starts when its
-// first renewal is due. The leases of one Client have one length, so their
-// first renewals fall due in the order the fns started: one queue and one
-// timer serve them all. Most fns end before a renewal is due; such an fn
-// costs a place in the queue, and neither a timer nor a goroutine.
+// first renewal is due, two thirds of a lease before the owner's deadline.
+// Most fns end before that; such an fn costs a place in a queue kept in
+// order of due, and neither a timer nor a goroutine: one timer serves the
+// whole queue. Leases of one Client have one length, so a new renewal
+// almost always goes at the tail; one that falls due earlier (its claim's
+// reply was slow) is put in its place, never behind a later one.
 type renewals struct {
 	c     *Client
 	every time.Duration
@@ -23,7 +25,8 @@ type renewals struct {
 	mu         sync.Mutex
 	head, tail *renewal    // guarded by mu; the queue, in order of due
 	timer      *time.Timer // guarded by mu; runs fire
-	armed      bool        // guarded by mu; timer is set, for the head's due time or earlier
+	armed      bool        // guarded by mu; timer is set
+	armedAt    time.Time   // guarded by mu; when the armed timer fires
 }
 
 // renewal is one fn's lease.
@@ -35,11 +38,9 @@ type renewal struct {
 	done       chan struct{} // made when the renewer starts; closed by stop
 	finished   chan struct{} // made when the renewer starts; closed when it ends
 
-	ctx     context.Context // fn's
-	cancel  context.CancelCauseFunc
-	keys    []string // the record's key alone
-	token   string
-	claimed time.Time // when the claim was sent: the lease counts from then
+	ctx   *attemptCtx // fn's: its deadline is the owner's lease deadline
+	keys  []string    // the record's key alone
+	token string
 }
 
 type renewalState uint8
@@ -50,25 +51,30 @@ const (
 	renewalStopped
 )
 
-// start queues r; its renewer starts a third of a lease after r.claimed,
-// or later, as soon as the renewals queued before it are due.
+// start queues r, whose renewer starts at r.due.
 func (q *renewals) start(r *renewal) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	r.due = r.claimed.Add(q.every)
-	if q.tail != nil {
-		if r.due.Before(q.tail.due) {
-			r.due = q.tail.due // keep the queue in order
-		}
-		q.tail.next, r.prev = r, q.tail
-	} else {
-		q.head = r
+	// Walk back from the tail to r's place: almost always the tail itself.
+	p := q.tail
+	for p != nil && r.due.Before(p.due) {
+		p = p.prev
 	}
-	q.tail = r
-	if q.armed {
+	r.prev = p
+	if p != nil {
+		r.next, p.next = p.next, r
+	} else {
+		r.next, q.head = q.head, r
+	}
+	if r.next != nil {
+		r.next.prev = r
+	} else {
+		q.tail = r
+	}
+	if q.armed && !r.due.Before(q.armedAt) {
 		return
 	}
-	q.armed = true
+	q.armed, q.armedAt = true, r.due
 	d := time.Until(r.due)
 	if q.timer == nil {
 		q.timer = time.AfterFunc(d, q.fire)
@@ -77,7 +83,8 @@ func (q *renewals) start(r *renewal) {
 	}
 }
 
-// stop ends r's renewals, and waits for its renewer if it started.
+// stop ends r's renewals, and waits for its renewer if it started. A
+// renewal call still under way is left to finish in the background.
 func (q *renewals) stop(r *renewal) {
 	q.mu.Lock()
 	state := r.state
@@ -122,47 +129,93 @@ func (q *renewals) fire() {
 		q.armed = false
 		return
 	}
+	q.armedAt = q.head.due
 	q.timer.Reset(q.head.due.Sub(now))
 }
 
-// renewLoop renews r's lease every third of it until stop. If the lease is
-// lost, or cannot be renewed before it ends (counted from when the claim
-// was sent, then from each renewal that succeeded), fn's context is
-// cancelled with a cause wrapping ErrLeaseLost.
+// renewReply is the outcome of one renewal call sent at sent (mono).
+type renewReply struct {
+	renewed bool
+	err     error
+	sent    int64
+}
+
+// renewLoop renews r's lease every third of it until stop. Each call runs
+// in a goroutine of its own, so that a reply that hangs holds up neither
+// the next renewal nor the deadline: when the owner's deadline passes (the
+// send time of the last renewal that succeeded, plus the lease, less the
+// margin), fn's context is cancelled with errLeaseEnded, whether or not a
+// call is still under way. A renewal that finds the key no longer ours
+// cancels it with a cause wrapping ErrLeaseLost.
 func (c *Client) renewLoop(r *renewal) {
 	defer close(r.finished)
 	every := c.renewals.every
-	bg := context.WithoutCancel(r.ctx)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	lastOK := r.claimed
+	lease := int64(c.cfg.lease - c.margin)
+	deadline := time.NewTimer(time.Duration(r.ctx.deadline.Load() - mono()))
+	defer deadline.Stop()
+	tick := time.NewTimer(0)
+	defer tick.Stop()
+	replies := make(chan renewReply, maxPendingRenewals)
+	pending := 0
 	for {
 		select {
 		case <-r.done:
 			return
-		default:
-		}
-		start := time.Now()
-		rctx, rcancel := context.WithTimeout(bg, every)
-		n, err := renewScript.Run(rctx, c.rdb, r.keys, r.token, c.leaseMs, c.retentionMs).Int64()
-		rcancel()
-		switch {
-		case err == nil && n == 1:
-			lastOK = start
-		case err == nil:
-			r.cancel(fmt.Errorf("%w: another caller took over the key", ErrLeaseLost))
+		case <-deadline.C:
+			if left := r.ctx.deadline.Load() - mono(); left > 0 {
+				deadline.Reset(time.Duration(left)) // moved by a renewal meanwhile
+				continue
+			}
+			r.ctx.cancel(errLeaseEnded)
 			return
-		default:
-			c.cfg.logger.Warn("idem: lease renewal failed", "record", r.keys[0], "error", err)
-			if time.Since(lastOK) >= c.cfg.lease {
-				r.cancel(fmt.Errorf("%w: the lease could not be renewed: %w", ErrLeaseLost, err))
+		case <-tick.C:
+			tick.Reset(every)
+			if pending == maxPendingRenewals {
+				continue // the replies hang: the deadline decides
+			}
+			pending++
+			c.bg.Add(1)
+			go func() {
+				defer c.bg.Done()
+				sent := mono()
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), every)
+				n, err := renewScript.Run(rctx, c.rdb, r.keys, r.token, c.leaseMs, c.retentionMs).Int64()
+				cancel()
+				replies <- renewReply{renewed: err == nil && n == 1, err: err, sent: sent}
+			}()
+		case rep := <-replies:
+			pending--
+			switch {
+			case rep.renewed:
+				// The server acted after rep.sent: the lease lasts at least
+				// until then plus the lease. An older reply that comes late
+				// moves nothing back.
+				for {
+					old := r.ctx.deadline.Load()
+					if rep.sent+lease <= old || r.ctx.deadline.CompareAndSwap(old, rep.sent+lease) {
+						break
+					}
+				}
+			case rep.err == nil:
+				r.ctx.cancel(fmt.Errorf("%w: another caller took over the key", ErrLeaseLost))
 				return
+			default:
+				c.cfg.logger.Warn("idem: lease renewal failed", "record", r.keys[0], "error", rep.err)
 			}
 		}
-		select {
-		case <-r.done:
-			return
-		case <-t.C:
-		}
 	}
+}
+
+// maxPendingRenewals bounds the renewal calls of one lease under way at
+// once: a renewal is sent every third of a lease even while an earlier
+// one's reply hangs (it may be one bad connection), but not without end.
+const maxPendingRenewals = 2
+
+// renewOnce renews the lease of a claim before fn starts, when its reply
+// came with too little of the lease left. It reports whether the claim is
+// still ours, and when the renewal was sent (mono).
+func (c *Client) renewOnce(ctx context.Context, keys []string, token string) (renewed bool, sent int64, err error) {
+	sent = mono()
+	n, err := renewScript.Run(ctx, c.rdb, keys[:1], token, c.leaseMs, c.retentionMs).Int64()
+	return err == nil && n == 1, sent, err
 }

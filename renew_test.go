@@ -8,9 +8,12 @@ import (
 	"time"
 )
 
-// TestRenewalQueue starts and stops renewals in random order, none of them
-// due, and checks the queue after each step: linked both ways, in order of
-// due, holding exactly the renewals started and not stopped.
+// TestRenewalQueue starts and stops renewals in random order, with due
+// times mostly in order but some earlier than the tail's (a claim whose
+// reply was slow), none of them due yet, and checks the queue after each
+// step: linked both ways, in order of due (no renewal waits behind a later
+// one), holding exactly the renewals started and not stopped, with the
+// timer armed no later than the head's due.
 func TestRenewalQueue(t *testing.T) {
 	q := &renewals{every: time.Hour}
 	t.Cleanup(func() {
@@ -23,7 +26,11 @@ func TestRenewalQueue(t *testing.T) {
 	var all []*renewal
 	for step := range 2000 {
 		if len(live) == 0 || rng.IntN(3) > 0 {
-			r := &renewal{claimed: time.Now()}
+			due := time.Now().Add(time.Hour)
+			if rng.IntN(4) == 0 {
+				due = due.Add(-time.Duration(rng.IntN(1000)) * time.Second)
+			}
+			r := &renewal{due: due}
 			q.start(r)
 			live[r] = true
 			all = append(all, r)
@@ -46,6 +53,9 @@ func TestRenewalQueue(t *testing.T) {
 				t.Fatalf("step %d: a stopped renewal is queued", step)
 			}
 			n++
+		}
+		if q.head != nil && q.armedAt.After(q.head.due) {
+			t.Fatalf("step %d: the timer fires at %v, after the head's due %v", step, q.armedAt, q.head.due)
 		}
 		if q.tail != prev || n != len(live) || q.armed != true {
 			t.Fatalf("step %d: tail %p (want %p), %d queued (want %d), armed %v", step, q.tail, prev, n, len(live), q.armed)
@@ -121,5 +131,17 @@ func TestAttemptFromDerived(t *testing.T) {
 	cancel(cause)
 	if !errors.Is(context.Cause(derived), cause) {
 		t.Fatalf("derived context's cause: %v, want %v", context.Cause(derived), cause)
+	}
+}
+
+// TestFirstPollAtMostTheInterval: a waiter's first pause is no longer than
+// WithPollInterval.
+func TestFirstPollAtMostTheInterval(t *testing.T) {
+	for _, d := range []time.Duration{time.Millisecond, 10 * time.Millisecond, time.Second} {
+		c := New(nil, WithPollInterval(d))
+		if c.firstPoll > d || c.firstPoll <= 0 {
+			t.Errorf("WithPollInterval(%v): first poll %v", d, c.firstPoll)
+		}
+		_ = c.Close()
 	}
 }

@@ -19,19 +19,21 @@ const defaultFirstPoll = 25 * time.Millisecond
 
 // run is one caller's way through the key: claim, and while another owner
 // holds the key, wait and claim again, until it gets an outcome, becomes the
-// owner, or its budget ends. The wait loop is the claim loop: pub/sub only
-// says when to claim again. retry reports an outcome that in-process
-// followers must not share (see flights).
-func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
+// owner, or its budget ends: its context, and until, the end of its wait
+// (WithWait). The wait loop is the claim loop: pub/sub only says when to
+// claim again. retry reports an outcome that in-process followers must not
+// share (see flights).
+//
+// Model: steps Claim and StartFn of model/idem.pml.
+func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	keys := c.keys(key)
 	token := newToken()
 	first := c.claimRecord(fp, token, 1) // what a claim of a new key writes
 	var (
-		w        *watcher
-		deadline time.Time
-		seen     int64 // the attempt number last seen in progress
-		pause    = c.firstPoll
-		timer    *time.Timer
+		w     *watcher
+		seen  int64 // the attempt number last seen in progress
+		pause = c.firstPoll
+		timer *time.Timer
 	)
 	defer func() {
 		if w != nil {
@@ -42,20 +44,23 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 		}
 	}()
 	for {
-		sent := time.Now()
+		sent := mono()
 		r, err := c.claim(ctx, keys, fp, first)
 		if err != nil {
 			if mayHaveRun(err) || errors.Is(err, ErrNotReplicated) {
 				// The claim may have happened with its reply lost: give it
 				// back if it is ours. fn does not run.
-				c.release(ctx, keys, token)
+				c.giveBack(ctx, keys, token)
+			}
+			if seen > 0 && ctx.Err() != nil {
+				return nil, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, seen, ctx.Err()), true
 			}
 			return nil, fmt.Errorf("idem: claim key %q: %w", key, err), ctx.Err() != nil
 		}
 		switch r.kind {
 		case 'c':
 			if seen > 0 && r.n == 1 {
-				c.release(ctx, keys, token)
+				c.giveBack(ctx, keys, token)
 				return nil, fmt.Errorf("%w: key %q: attempt %d was in progress; is the retention shorter than the operation?", ErrExpired, key, seen), false
 			}
 			if err := ctx.Err(); err != nil {
@@ -63,8 +68,33 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 				// applies a context's deadline to reads only with
 				// ContextTimeoutEnabled): give the claim back; fn does not
 				// start.
-				c.release(ctx, keys, token)
+				c.giveBack(ctx, keys, token)
 				return nil, fmt.Errorf("idem: claim key %q: %w", key, err), true
+			}
+			// The server granted the lease after the claim was sent: for
+			// the owner, it ends no later than sent + the lease left.
+			deadline := sent + int64(r.leaseLeft-c.margin)
+			if deadline-mono() < int64(c.renewals.every) {
+				// Too little left to start fn on (a slow reply, or a repeat
+				// of a claim whose reply was lost): renew first.
+				renewed, at, err := c.renewOnce(ctx, keys, token)
+				if err == nil && !renewed {
+					// Another caller took the key over meanwhile (or the
+					// record is gone): wait for it like any duplicate.
+					seen = r.n
+					continue
+				}
+				if renewed {
+					deadline = at + int64(c.cfg.lease-c.margin)
+				}
+				if left := time.Duration(deadline - mono()); err != nil || left < c.renewals.every {
+					c.giveBack(ctx, keys, token)
+					if err == nil {
+						err = fmt.Errorf("only %v left after a renewal", left)
+					}
+					return nil, fmt.Errorf("%w: key %q: the claim came back with %v of its lease left, and renewing it failed (fn did not run): %w",
+						ErrLeaseLost, key, r.leaseLeft, err), true
+				}
 			}
 			if w != nil {
 				w.stop()
@@ -74,7 +104,7 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 			if r.n != 1 {
 				claimed = c.claimRecord(fp, token, r.n)
 			}
-			return c.own(ctx, key, keys, fp, token, claimed, r.n, sent, fn)
+			return c.own(ctx, key, keys, fp, token, claimed, r.n, deadline, fn)
 		case 'd':
 			return replyBytes(r.payload), nil, false
 		case 'f':
@@ -87,16 +117,14 @@ func (c *Client) run(ctx context.Context, key, fp string, fn func(context.Contex
 		// 'b': another owner holds a live lease.
 		seen = r.n
 		now := time.Now()
-		if deadline.IsZero() {
-			deadline = now.Add(c.cfg.wait)
-		}
-		if c.cfg.wait <= 0 || !now.Before(deadline) {
-			return nil, fmt.Errorf("%w: key %q, attempt %d", ErrInProgress, key, r.n), false
+		if c.cfg.wait <= 0 || !now.Before(until) {
+			// Followers with budgets of their own try again themselves.
+			return nil, fmt.Errorf("%w: key %q, attempt %d", ErrInProgress, key, r.n), true
 		}
 		if w == nil {
 			w = c.hub.watch(keys[1])
 		}
-		d := min(jitter(pause), r.leaseLeft, deadline.Sub(now))
+		d := min(jitter(pause), r.leaseLeft, until.Sub(now))
 		pause = min(2*pause, c.cfg.pollInterval)
 		if timer == nil {
 			timer = time.NewTimer(d)

@@ -1,0 +1,554 @@
+package idem_test
+
+// Owner safety under slow replies (rows 27–32 of docs/faults.md): the
+// promise checked is the promise itself, not a path through the code. When
+// an fn starts, every other fn of its key has a context that is already
+// done (owners.enter), whatever replies are held, lost or re-sent.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+// owners watches the promise of one live owner: enter, at the start of an
+// fn, notes an overlap if another fn of the same key is still running with
+// a context that is not done; the fn calls the returned leave when it
+// returns.
+type owners struct {
+	mu       sync.Mutex
+	live     map[string][]context.Context // guarded by mu; fns running, by key
+	overlaps []string                     // guarded by mu
+	started  map[string]int               // guarded by mu; fns started, by key
+}
+
+func (o *owners) enter(ctx context.Context) (leave func()) {
+	a, ok := idem.AttemptFrom(ctx)
+	if !ok {
+		panic("owners.enter outside fn")
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.live == nil {
+		o.live = make(map[string][]context.Context)
+		o.started = make(map[string]int)
+	}
+	for _, other := range o.live[a.Key] {
+		if other.Err() == nil {
+			b, _ := idem.AttemptFrom(other)
+			o.overlaps = append(o.overlaps, fmt.Sprintf("key %q: attempt %d started while attempt %d's context was live", a.Key, a.Number, b.Number))
+		}
+	}
+	o.live[a.Key] = append(o.live[a.Key], ctx)
+	o.started[a.Key]++
+	return func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		l := o.live[a.Key]
+		for i, c := range l {
+			if c == ctx {
+				o.live[a.Key] = append(l[:i:i], l[i+1:]...)
+				break
+			}
+		}
+	}
+}
+
+// check fails the test if two fns of one key ever ran with live contexts.
+func (o *owners) check(t testing.TB) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, s := range o.overlaps {
+		t.Error("two live owners: " + s)
+	}
+}
+
+// serverLeaseLeft returns how much of key's lease is left by the server's
+// clock (negative once it ended), read with a clean client.
+func serverLeaseLeft(t testing.TB, b *backend, key string) time.Duration {
+	t.Helper()
+	st := faultStatus(t, b, key)
+	now := b.do(t, "TIME").([]any)
+	sec, usec := now[0].(string), now[1].(string)
+	var s, us int64
+	fmt.Sscan(sec, &s)
+	fmt.Sscan(usec, &us)
+	return st.LeaseEnds.Sub(time.Unix(s, us*1000))
+}
+
+// Row 27: a claim's reply arrives after the lease it granted ended, and
+// another caller took the key over meanwhile. The late caller must not
+// start fn; it waits for the new owner's outcome instead.
+func TestSlowClaimReplyDoesNotStartFn(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	faultLoadScripts(t, b)
+	const lease = time.Second
+	held := 3 * time.Second
+	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "claim"), Nth: 1, Action: faultconn.DelayReply, Delay: held})
+	slow := faultyClient(t, b, in, nil, idem.WithLease(lease))
+	other := b.idem(t, idem.WithLease(lease))
+
+	var o owners
+	var l ledger
+	bStarted := make(chan struct{})
+	fn := func(name string, hold time.Duration) func(context.Context) ([]byte, error) {
+		return func(ctx context.Context) ([]byte, error) {
+			leave := o.enter(ctx)
+			defer leave()
+			a := l.add(ctx)
+			if name == "b" {
+				close(bStarted)
+			}
+			select {
+			case <-time.After(hold):
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			}
+			return fmt.Appendf(nil, "%s#%d", name, a.Number), nil
+		}
+	}
+	type result struct {
+		res []byte
+		err error
+	}
+	slowDone := make(chan result, 1)
+	go func() {
+		res, err := slow.Do(context.Background(), "k", "fp", fn("a", 0))
+		slowDone <- result{res, err}
+	}()
+	// The slow caller's claim is on the server; its reply is held.
+	eventually(t, 5*time.Second, "the slow caller's claim", func() bool {
+		return faultStatus(t, b, "k").State == idem.StateInProgress
+	})
+	eventually(t, 5*time.Second, "the end of the slow caller's lease", func() bool {
+		return serverLeaseLeft(t, b, "k") < 0
+	})
+	// Another caller takes over, and its fn runs until well after the
+	// slow caller's reply arrived.
+	otherDone := make(chan result, 1)
+	go func() {
+		res, err := other.Do(context.Background(), "k", "fp", fn("b", held+500*time.Millisecond))
+		otherDone <- result{res, err}
+	}()
+	<-bStarted
+	rb := <-otherDone
+	ra := <-slowDone
+	o.check(t)
+	if rb.err != nil || string(rb.res) != "b#2" {
+		t.Fatalf("the new owner got %q, %v; want b#2", rb.res, rb.err)
+	}
+	if ra.err != nil || string(ra.res) != "b#2" {
+		t.Fatalf("the slow caller got %q, %v; want the new owner's b#2", ra.res, ra.err)
+	}
+	faultRuns(t, &l, "k", "[2]")
+}
+
+// Row 28: the claim's reply is lost to a read timeout and go-redis sends
+// the claim again after the lease ended: the repeat answers "yours" with
+// no lease left. fn must not start on that ended lease. Alone, the owner
+// renews first and fn starts with most of a lease ahead on the server's
+// clock; when another caller took the key over between the repeat and its
+// (slow) reply, the renewal fails and the caller waits for the new owner.
+func TestResentClaimWithNoLeaseLeft(t *testing.T) {
+	for _, thief := range []bool{false, true} {
+		t.Run(fmt.Sprintf("thief=%v", thief), func(t *testing.T) {
+			b := newRedis(t, redistest.Config{})
+			faultLoadScripts(t, b)
+			const lease = time.Second
+			claim := faultConnScript(t, "claim")
+			count, sent := faultCount(claim)
+			in := faultconn.New(count,
+				faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: 5 * time.Second},
+				faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: 500 * time.Millisecond})
+			c := faultyClient(t, b, in, func(o *redis.Options) { o.ReadTimeout = 1500 * time.Millisecond }, idem.WithLease(lease))
+			other := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+
+			var o owners
+			var l ledger
+			var leftAtStart time.Duration
+			thiefDone := make(chan error, 1)
+			if thief {
+				go func() {
+					for sent.Load() < 2 {
+						time.Sleep(time.Millisecond)
+					}
+					// The repeat ran on the server; its reply is held.
+					time.Sleep(50 * time.Millisecond)
+					_, err := other.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+						leave := o.enter(ctx)
+						defer leave()
+						a := l.add(ctx)
+						time.Sleep(time.Second)
+						return fmt.Appendf(nil, "thief#%d", a.Number), nil
+					})
+					thiefDone <- err
+				}()
+			} else {
+				thiefDone <- nil
+			}
+			res, err := c.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+				leave := o.enter(ctx)
+				defer leave()
+				leftAtStart = serverLeaseLeft(t, b, "k")
+				a := l.add(ctx)
+				return fmt.Appendf(nil, "ok#%d", a.Number), nil
+			})
+			if err := <-thiefDone; err != nil {
+				t.Fatalf("thief: %v", err)
+			}
+			o.check(t)
+			if n := sent.Load(); n < 2 {
+				t.Fatalf("the claim was sent %d times, want at least 2 (the first reply timed out)", n)
+			}
+			if thief {
+				if err != nil || string(res) != "thief#2" {
+					t.Fatalf("Do: %q, %v; want the new owner's thief#2", res, err)
+				}
+				faultRuns(t, &l, "k", "[2]")
+				return
+			}
+			if err != nil || string(res) != "ok#1" {
+				t.Fatalf("Do: %q, %v; want ok#1", res, err)
+			}
+			if leftAtStart < lease/3 {
+				t.Fatalf("fn started with %v of the lease left on the server, want at least a third of %v", leftAtStart, lease)
+			}
+			faultRuns(t, &l, "k", "[1]")
+			faultWantStatus(t, b, "k", idem.StateDone, 1)
+		})
+	}
+}
+
+// Row 29: a renewal's reply hangs for several leases. fn's context must end
+// at the owner's own lease deadline, before anyone can take the key over,
+// even though the renewal call has not come back.
+func TestHangingRenewalEndsFnContext(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	faultLoadScripts(t, b)
+	const lease = 600 * time.Millisecond
+	// Every renewal runs on the server, and its reply is held.
+	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "renew"), Action: faultconn.DelayReply, Delay: 4 * time.Second})
+	hung := faultyClient(t, b, in, func(o *redis.Options) { o.ReadTimeout = 10 * time.Second }, idem.WithLease(lease))
+	other := b.idem(t, idem.WithLease(lease))
+
+	var o owners
+	var l ledger
+	bStarted := make(chan struct{})
+	var cause error
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := hung.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+			leave := o.enter(ctx)
+			defer leave()
+			l.add(ctx)
+			select {
+			case <-ctx.Done():
+				cause = context.Cause(ctx)
+			case <-time.After(10 * time.Second):
+				return nil, errors.New("fn's context was never cancelled")
+			}
+			// An fn that does not stop at once: it runs on until the new
+			// owner started (or long enough), with its context done.
+			select {
+			case <-bStarted:
+			case <-time.After(10 * time.Second):
+			}
+			return nil, cause
+		})
+		aDone <- err
+	}()
+	eventually(t, 5*time.Second, "the first owner's claim", func() bool {
+		return faultStatus(t, b, "k").State == idem.StateInProgress
+	})
+	// The renewals ran on the server (their replies are held), until two
+	// were under way: wait for the server's lease to end, and take over.
+	time.Sleep(lease / 2)
+	eventually(t, 10*time.Second, "the end of the first owner's lease on the server", func() bool {
+		return serverLeaseLeft(t, b, "k") < 0
+	})
+	res, err := other.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+		leave := o.enter(ctx)
+		defer leave()
+		close(bStarted)
+		a := l.add(ctx)
+		return fmt.Appendf(nil, "b#%d", a.Number), nil
+	})
+	if err != nil || string(res) != "b#2" {
+		t.Fatalf("the new owner got %q, %v; want b#2", res, err)
+	}
+	errA := <-aDone
+	o.check(t)
+	if !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("the first fn's context ended with cause %v, want ErrLeaseLost", cause)
+	}
+	if !errors.Is(errA, idem.ErrLeaseLost) {
+		t.Fatalf("the first owner's Do: %v, want ErrLeaseLost", errA)
+	}
+	faultRuns(t, &l, "k", "[1 2]")
+}
+
+// Row 30: many fns renew their leases through one Client's queue while a
+// claim's reply is slow. No renewal may be queued past its lease's due
+// point: a caller that keeps trying to take the key over never starts fn
+// while its owner's context is live.
+func TestSlowClaimAmongRenewals(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	faultLoadScripts(t, b)
+	const lease = 600 * time.Millisecond
+	// The claim of "slow" is the first claim sent; its reply is held.
+	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "claim"), Nth: 1, Action: faultconn.DelayReply, Delay: 500 * time.Millisecond})
+	c := faultyClient(t, b, in, nil, idem.WithLease(lease))
+	thief := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+
+	var o owners
+	var l ledger
+	hold := func(d time.Duration) func(context.Context) ([]byte, error) {
+		return func(ctx context.Context) ([]byte, error) {
+			leave := o.enter(ctx)
+			defer leave()
+			a := l.add(ctx)
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			}
+			return fmt.Appendf(nil, "%s#%d", a.Key, a.Number), nil
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, err := c.Do(context.Background(), "slow", "", hold(3*lease))
+		errs <- err
+	}()
+	// Other keys claimed after the slow one was sent, and before its reply:
+	// their renewals fall due after the slow one's lease ends.
+	time.Sleep(420 * time.Millisecond)
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := c.Do(context.Background(), fmt.Sprint("other", i), "", hold(3*lease))
+			errs <- err
+		}()
+	}
+	// Meanwhile another Client tries to take "slow" over, again and again.
+	stop := make(chan struct{})
+	var thiefWG sync.WaitGroup
+	thiefWG.Add(1)
+	go func() {
+		defer thiefWG.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			_, _ = thief.Do(context.Background(), "slow", "", hold(0))
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	thiefWG.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Do: %v", err)
+		}
+	}
+	o.check(t)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if n := o.started["slow"]; n < 1 {
+		t.Fatalf("fn of the slow key started %d times", n)
+	}
+}
+
+// Row 31: fn ends with runtime.Goexit (t.FailNow does that). Like a panic:
+// the claim is released, renewals stop, and the next call runs attempt 2.
+func TestGoexitInFnReleases(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const lease = 300 * time.Millisecond
+		c := b.idem(t, idem.WithLease(lease))
+		var l ledger
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = c.Do(context.Background(), "k", "", func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				if b.mr == nil {
+					time.Sleep(lease / 2) // a renewal falls due
+				}
+				runtime.Goexit()
+				return nil, nil
+			})
+		}()
+		<-done
+		if b.mr == nil {
+			time.Sleep(lease) // a renewal that went on would keep the record in progress
+		}
+		faultWantStatus(t, b, "k", idem.StateReleased, 1)
+		res, err := c.Do(context.Background(), "k", "", l.fn("ok"))
+		if err != nil || string(res) != "ok#2" {
+			t.Fatalf("next call: %q, %v; want ok#2", res, err)
+		}
+	})
+}
+
+// Row 32: Redis stops answering (SIGSTOP). A new key's call returns soon
+// after its context ends, though releasing its unknown claim cannot finish;
+// a waiter whose context ends while it re-claims gets ErrInProgress with
+// the context's error.
+func TestRedisHangsCallsEndWithTheirContext(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	const lease = 2 * time.Second
+	rdb := b.client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	c := idem.New(rdb, idem.WithLease(lease), idem.WithStoreTimeout(30*time.Second), idem.WithPollInterval(20*time.Millisecond))
+	t.Cleanup(func() { _ = c.Close() })
+
+	// An owner in another Client holds "busy".
+	owner := b.idem(t, idem.WithLease(lease))
+	release := make(chan struct{})
+	ownerDone := make(chan error, 1)
+	go func() {
+		_, err := owner.Do(context.Background(), "busy", "", func(ctx context.Context) ([]byte, error) {
+			<-release
+			return []byte("done"), nil
+		})
+		ownerDone <- err
+	}()
+	eventually(t, 5*time.Second, "the owner's claim", func() bool {
+		return faultStatus(t, b, "busy").State == idem.StateInProgress
+	})
+	// A waiter polls "busy" (every 20ms); then the server stops.
+	waitCtx, cancelWait := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancelWait()
+	waitDone := make(chan error, 1)
+	var waitEnded time.Time
+	go func() {
+		_, err := c.Do(waitCtx, "busy", "", func(context.Context) ([]byte, error) { return nil, errors.New("waiter ran fn") })
+		waitEnded = time.Now()
+		waitDone <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	b.srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			b.srv.Resume()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Do(ctx, "new", "", func(context.Context) ([]byte, error) { return nil, errors.New("fn ran on a stopped server") })
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("new key: %v, want an error matching DeadlineExceeded", err)
+	}
+	// The store timeout is 30s: a call that waited for its release would
+	// take that long.
+	if took > 3*time.Second {
+		t.Errorf("new key: Do returned %v after the call started, its context ended after 300ms", took)
+	}
+	werr := <-waitDone
+	if !errors.Is(werr, idem.ErrInProgress) || !errors.Is(werr, context.DeadlineExceeded) {
+		t.Errorf("waiter: %v, want ErrInProgress and DeadlineExceeded", werr)
+	}
+	if d, _ := waitCtx.Deadline(); waitEnded.Sub(d) > 3*time.Second {
+		t.Errorf("waiter returned %v after its context ended", waitEnded.Sub(d))
+	}
+	b.srv.Resume()
+	resumed = true
+	close(release)
+	if err := <-ownerDone; err != nil {
+		t.Fatalf("owner: %v", err)
+	}
+}
+
+// Followers in one process share their leader's round to Redis, but not its
+// wait budget: each waits for its own WithWait and its own context.
+func TestFollowersKeepTheirOwnBudget(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		owner := b.idem(t)
+		release := make(chan struct{})
+		ownerDone := make(chan struct{})
+		go func() {
+			defer close(ownerDone)
+			_, _ = owner.Do(context.Background(), "k", "", func(context.Context) ([]byte, error) {
+				<-release
+				return []byte("done"), nil
+			})
+		}()
+		defer func() { close(release); <-ownerDone }()
+		eventually(t, 5*time.Second, "the owner's claim", func() bool {
+			return faultStatus(t, b, "k").State == idem.StateInProgress
+		})
+
+		t.Run("leader's budget ends first", func(t *testing.T) {
+			const wait = time.Second
+			c := b.idem(t, idem.WithWait(wait))
+			leader := make(chan error, 1)
+			go func() {
+				_, err := c.Do(context.Background(), "k", "", nil2)
+				leader <- err
+			}()
+			time.Sleep(wait * 8 / 10)
+			start := time.Now()
+			_, err := c.Do(context.Background(), "k", "", nil2)
+			waited := time.Since(start)
+			if !errors.Is(err, idem.ErrInProgress) {
+				t.Fatalf("follower: %v, want ErrInProgress", err)
+			}
+			if waited < wait*9/10 {
+				t.Fatalf("follower waited %v, want its own %v", waited, wait)
+			}
+			if err := <-leader; !errors.Is(err, idem.ErrInProgress) {
+				t.Fatalf("leader: %v, want ErrInProgress", err)
+			}
+		})
+		t.Run("leader's context ends first", func(t *testing.T) {
+			const wait = 2 * time.Second
+			c := b.idem(t, idem.WithWait(wait))
+			lctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+			defer cancel()
+			leader := make(chan error, 1)
+			go func() {
+				_, err := c.Do(lctx, "k", "", nil2)
+				leader <- err
+			}()
+			time.Sleep(100 * time.Millisecond)
+			start := time.Now()
+			_, err := c.Do(context.Background(), "k", "", nil2)
+			waited := time.Since(start)
+			if !errors.Is(err, idem.ErrInProgress) {
+				t.Fatalf("follower: %v, want ErrInProgress", err)
+			}
+			// Its own budget ends 2s after it came; a fresh wait started
+			// when the leader gave up would end 3.5s after.
+			if waited < wait*9/10 || waited > wait+1200*time.Millisecond {
+				t.Fatalf("follower waited %v, want about its own %v", waited, wait)
+			}
+			if err := <-leader; !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("leader: %v, want DeadlineExceeded", err)
+			}
+		})
+	})
+}
+
+// nil2 is an fn for callers that must not run it.
+func nil2(context.Context) ([]byte, error) { return nil, errors.New("a waiter ran fn") }

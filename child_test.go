@@ -2,7 +2,7 @@
 
 package idem_test
 
-// FAULTS.md rows 6 and 7: an owner in another process is killed, or paused
+// Rows 6 and 7 of docs/faults.md: an owner in another process is killed, or paused
 // past its lease, inside fn. The owner is this test binary run again as a
 // child (TestChildOwner), told what to do by environment variables; it
 // reports on its stdout, and inside fn waits for a line on its stdin.

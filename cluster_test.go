@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// FAULTS row 23 and the replica-wait option, on real servers.
+// Row 23 of docs/faults.md and the replica-wait option, on real servers.
 
 func TestClusterManySlotsWaitersAndFailover(t *testing.T) {
 	if testing.Short() {

@@ -1,6 +1,6 @@
 package idem_test
 
-// The rows of /FAULTS.md that no other file covers, each on a real
+// The rows of docs/faults.md that no other file covers, each on a real
 // redis-server (docs/faults.md maps every row to its tests). Rows 6 and 7,
 // whose owner runs in a child process, are in child_test.go.
 //

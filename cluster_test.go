@@ -111,7 +111,10 @@ func TestReplicaWait(t *testing.T) {
 	})
 	ctx := context.Background()
 	var l ledger
-	c := b.idem(t, idem.WithReplicas(1, time.Second))
+	// A replica's acknowledgement can take seconds on a loaded machine;
+	// WAIT's timeout stays under the read timeout, which bounds it.
+	c := idem.New(b.client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second }), idem.WithReplicas(1, 10*time.Second))
+	t.Cleanup(func() { _ = c.Close() })
 	res, err := c.Do(ctx, "k", "fp", l.fn("ok"))
 	if err != nil || string(res) != "ok#1" {
 		t.Fatalf("with a replica: got %q, %v", res, err)

@@ -536,7 +536,9 @@ func TestRoundTripsWithReplicas(t *testing.T) {
 		return strings.Contains(info, "master_link_status:up")
 	})
 	ctx := context.Background()
-	c, ctr := countedIdem(t, primary.Client(t), idem.WithReplicas(1, time.Second))
+	// A replica's acknowledgement can take seconds on a loaded machine;
+	// WAIT's timeout stays under the read timeout, which bounds it.
+	c, ctr := countedIdem(t, primary.Client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second }), idem.WithReplicas(1, 10*time.Second))
 	var l ledger
 	if _, err := c.Do(ctx, "warm", "fp", l.fn("r")); err != nil { // caches the scripts
 		t.Fatal(err)

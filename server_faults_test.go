@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // Row 21: Redis is killed (-9) and restarted on its data directory.
@@ -239,7 +240,10 @@ func TestScriptCacheFlushed(t *testing.T) {
 		eventually(t, 10*time.Second, "the replica's sync", func() bool {
 			return strings.Contains(fmt.Sprint(replica.Do(t, "INFO", "replication")), "master_link_status:up")
 		})
-		c := b.idem(t, idem.WithReplicas(1, time.Second))
+		// A replica's acknowledgement can take seconds on a loaded machine;
+		// WAIT's timeout stays under the read timeout, which bounds it.
+		c := idem.New(b.client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second }), idem.WithReplicas(1, 10*time.Second))
+		t.Cleanup(func() { _ = c.Close() })
 		check(t, b, c)
 		if got := fmt.Sprint(replica.Do(t, "GET", idem.RecordKey(c, "k2"))); !strings.HasSuffix(got, ":b#1") {
 			t.Fatalf("the replica holds %v, want the result", got)

@@ -55,6 +55,20 @@ func main() {
 	flag.Uint64Var(&cfg.seed, "seed", cfg.seed, "seed of the events, the duplicates and the crashes")
 	flag.DurationVar(&cfg.timeout, "timeout", cfg.timeout, "how long each handler's run may take to have every entry acknowledged")
 	addr := flag.String("redis", "", "address of a Redis server to use instead of an embedded miniredis")
+	flag.Usage = func() {
+		fmt.Fprint(flag.CommandLine.Output(), `Usage: go run ./examples/events [flags]
+
+A producer sends events to a Redis stream, some of them twice; a consumer group
+applies them to a ledger through idem.Do, with each event's id as the key, and
+acknowledges an entry only after Do returned. Some consumers die right after
+applying an event; their entries go to another consumer (XAUTOCLAIM). The same
+run with a plain handler (apply, then acknowledge) shows the double
+applications that idem.Do prevents. Exit status 1 if idem.Do applied an event
+twice or never, 2 if the demo could not run.
+
+`)
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 
 	os.Exit(runDemo(cfg, *addr, os.Stdout, os.Stderr))

@@ -69,11 +69,9 @@ type stream struct {
 // stats counts what the consumers of one run did. It is safe for concurrent
 // use.
 type stats struct {
-	acked      atomic.Int64 // entries acknowledged
 	reclaimed  atomic.Int64 // entries taken over from another consumer (XAUTOCLAIM)
 	reconciled atomic.Int64 // attempts that found their event applied by an earlier one
 	rejected   atomic.Int64 // entries acknowledged without applying: malformed, conflicting or failed for good
-	retried    atomic.Int64 // deliveries left unacknowledged, to be redelivered
 }
 
 // A consumer is one member of the consumer group: one process in
@@ -181,7 +179,6 @@ func (c *consumer) handle(ctx context.Context, m redis.XMessage) error {
 		// Not applied (Redis or the ledger failed), applied but not
 		// recorded (ErrNotRecorded, ErrLeaseLost), or still running in
 		// another consumer (ErrInProgress): leave it pending.
-		c.stats.retried.Add(1)
 		return nil
 	}
 	return c.ack(ctx, m.ID)
@@ -239,10 +236,8 @@ func (c *consumer) applyLedger(ctx context.Context, ev event, n int64) error {
 
 // ack acknowledges the entry id.
 func (c *consumer) ack(ctx context.Context, id string) error {
-	n, err := c.rdb.XAck(ctx, c.s.key, c.s.group, id).Result()
-	if err != nil {
+	if err := c.rdb.XAck(ctx, c.s.key, c.s.group, id).Err(); err != nil {
 		return fmt.Errorf("XACK %s: %w", id, err)
 	}
-	c.stats.acked.Add(n)
 	return nil
 }

@@ -6,6 +6,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,7 +16,9 @@ import (
 // hub holds the Client's subscriber connections: one for a single Redis or
 // Sentinel, one per master for a cluster (sharded pub/sub lives on the
 // shard). Channels are subscribed when their first waiter comes and
-// unsubscribed when their last one goes.
+// unsubscribed when their last one goes. go-redis reconnects a lost
+// connection and subscribes its channels again; in a cluster, where it
+// cannot (see readShard), the hub does it.
 type hub struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient
@@ -27,7 +30,7 @@ type hub struct {
 	groups   map[string]*redis.PubSub // guarded by mu; by master address ("" outside a cluster)
 	chans    map[string]*channelState // guarded by mu; by channel
 
-	wg sync.WaitGroup // the groups' reader goroutines
+	wg sync.WaitGroup // the groups' reader (and, in a cluster, pinger) goroutines
 
 	// io orders the subscriber connections' writes. It is taken while h.mu
 	// is held, then h.mu is released, so writes go out in the order the
@@ -106,7 +109,8 @@ func (h *hub) watch(ch string) *watcher {
 	h.io.Lock()
 	h.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	// On error the waiter still polls; go-redis resubscribes on reconnect.
+	// On error the waiter still polls; the subscription is made again on
+	// reconnect (by go-redis, or in a cluster by readShard).
 	if h.cluster != nil {
 		_ = ps.SSubscribe(ctx, ch)
 	} else {
@@ -130,6 +134,13 @@ func (h *hub) start(ps *redis.PubSub) {
 	if h.closed {
 		return // close closed ps
 	}
+	if h.cluster != nil {
+		alive := make(chan struct{}, 1)
+		h.wg.Add(2)
+		go h.readShard(ps, alive)
+		go h.pingShard(ps, alive)
+		return
+	}
 	msgs := ps.ChannelWithSubscriptions(redis.WithChannelSize(1024))
 	h.wg.Add(1)
 	go func() {
@@ -145,6 +156,129 @@ func (h *hub) start(ps *redis.PubSub) {
 			}
 		}
 	}()
+}
+
+// The health check of a cluster subscriber connection, as go-redis's
+// ChannelWithSubscriptions does it: a PING when nothing came for
+// idleCheck; go-redis reconnects when the PING cannot be sent.
+const (
+	idleCheck   = 3 * time.Second
+	pingTimeout = 5 * time.Second
+)
+
+// readShard reads a cluster subscriber connection (one per master) until
+// close. It does what go-redis's ChannelWithSubscriptions does, and one
+// thing more. On a new connection, go-redis re-subscribes all of ps's shard
+// channels in one SSUBSCRIBE, which Redis refuses with CROSSSLOT when they
+// span slots, as a master's channels do: nothing would be subscribed again.
+// That refusal is the first reply on the new connection, whoever caused the
+// reconnection, and comes through here: readShard then subscribes the
+// channels again one by one, and each confirmation tells the channel's
+// waiters to claim again (a notification may have been lost while the
+// connection was down).
+func (h *hub) readShard(ps *redis.PubSub, alive chan<- struct{}) {
+	defer h.wg.Done()
+	ctx := context.Background()
+	failures := 0 // connection errors in a row
+	for {
+		m, err := ps.Receive(ctx)
+		if err != nil {
+			var rerr redis.Error
+			switch {
+			case errors.Is(err, redis.ErrClosed):
+				return
+			case errors.As(err, &rerr):
+				// An error reply; the connection is fine.
+				if strings.HasPrefix(rerr.Error(), "CROSSSLOT") {
+					h.resubscribe(ps)
+				}
+			default:
+				// The connection is lost (or closed by close); go-redis
+				// reconnects on the next receive. Pause if that failed.
+				if failures > 0 && !h.pause(100*time.Millisecond) {
+					return
+				}
+				failures++
+			}
+			continue
+		}
+		failures = 0
+		select {
+		case alive <- struct{}{}:
+		default:
+		}
+		switch m := m.(type) {
+		case *redis.Message:
+			h.notify(m.Channel, false)
+		case *redis.Subscription:
+			if m.Kind == "ssubscribe" {
+				h.notify(m.Channel, true)
+			}
+		}
+	}
+}
+
+// pingShard is the health check of a cluster subscriber connection: a PING
+// when readShard received nothing for idleCheck.
+func (h *hub) pingShard(ps *redis.PubSub, alive <-chan struct{}) {
+	defer h.wg.Done()
+	t := time.NewTimer(idleCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-alive:
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+			_ = ps.Ping(ctx) // on failure go-redis reconnects
+			cancel()
+		case <-h.done:
+			return
+		}
+		t.Reset(idleCheck)
+	}
+}
+
+// resubscribe subscribes ps's channels again one SSUBSCRIBE each, after
+// go-redis's re-subscription of them all in one was refused.
+func (h *hub) resubscribe(ps *redis.PubSub) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	var chans []string
+	for ch, cs := range h.chans {
+		if cs.group == ps {
+			cs.confirmed = false // until the new connection confirms it
+			chans = append(chans, ch)
+		}
+	}
+	h.io.Lock()
+	h.mu.Unlock()
+	defer h.io.Unlock()
+	for _, ch := range chans {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := ps.SSubscribe(ctx, ch)
+		cancel()
+		if err != nil {
+			// The new connection is lost too (the waiters still poll); the
+			// next one's refused re-subscription brings us back here.
+			return
+		}
+	}
+}
+
+// pause waits for d and reports true, or reports false at once when the
+// hub is closed.
+func (h *hub) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-h.done:
+		return false
+	}
 }
 
 func (h *hub) notify(ch string, confirmed bool) {

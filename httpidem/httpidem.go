@@ -1,0 +1,553 @@
+// Package httpidem is net/http middleware that makes requests with an
+// Idempotency-Key header safe to retry: the handler runs at most once per
+// key, and every retry gets the first response again, byte for byte.
+//
+// A client that times out cannot know whether its request ran. It sends one
+// key per logical operation (the IETF Idempotency-Key header, as Stripe
+// and others use it) and retries with the same key:
+//
+//	keys := idem.New(rdb)
+//	mux.Handle("POST /debits", httpidem.New(keys)(debitHandler))
+//
+// The first request with a key claims it (idem.Client.Do) and runs the
+// handler, whose status, headers and body are stored in Redis for the
+// Client's retention (idem.WithRetention). Every later request with the key
+// gets that response, with the header Idempotent-Replayed: true, and the
+// handler does not run. Duplicates that arrive while the handler runs wait
+// for its response (idem.WithWait), in any number of processes that share
+// the Redis.
+//
+// # Responses
+//
+//	situation                                     status  body and headers
+//	--------------------------------------------  ------  -----------------------------------------
+//	method not in WithMethods, or no key header   -       passed to the handler untouched
+//	  (and not WithRequired)
+//	first request with the key                    any     the handler's response
+//	retry after a 2xx, 3xx or 4xx response        same    the stored response, Idempotent-Replayed: true
+//	retry after a 5xx response                    any     the handler runs again (5xx is not stored)
+//	key reused with another request               422     problem+json, ProblemKeyReused
+//	first request still running after the wait    409     problem+json, ProblemInProgress, Retry-After
+//	key empty, too long, not visible ASCII,       400     problem+json, ProblemKeyInvalid
+//	  or sent twice
+//	key missing under WithRequired                400     problem+json, ProblemKeyMissing
+//	body over WithMaxBody                         413     problem+json, ProblemBodyTooLarge
+//	body unreadable, or WithFingerprint failed    400     problem+json, ProblemBadRequest
+//	WithScope failed                              401     problem+json, ProblemScope (or the error's StatusCode())
+//	retry after a response too large to store     500     problem+json, ProblemNotStored
+//	the handler ran, its response not recorded    500     problem+json, ProblemNotRecorded
+//	stored record unreadable, or other failure    500     problem+json, ProblemServerError
+//	Redis unreachable, Client closed              503     problem+json, ProblemUnavailable, Retry-After
+//
+// Problem bodies follow RFC 9457 (application/problem+json): a type URI, a
+// title, the status and a detail. The handler is never run without a
+// claim, and a response is never replayed to a request it was not stored
+// for: with Redis down the answer is 503, not a guess.
+//
+// # What is stored and replayed
+//
+// The status, the headers the handler set by the time it wrote the status
+// (all but the hop-by-hop ones, Date, Content-Length and trailers), and the
+// body. Headers that outer middleware set on the response stay; the
+// handler's replace those of the same name. Content-Length is set from the
+// body. Responses with a 5xx status are not stored: the key is released,
+// and a retry runs the handler again (as idem.Attempt number 2: the handler
+// can read idem.AttemptFrom(r.Context()) to reconcile first). A handler
+// that panics releases the key too, and the panic goes on to the server.
+// Informational (1xx) responses are dropped, and so are hop-by-hop
+// headers, from the first response as from its replays.
+//
+// Whatever status the handler writes is its outcome, and 2xx to 4xx are
+// stored: a handler that gives up early (its request's context ended
+// because the client went away, or idem's lease was lost) should answer
+// with a 5xx, so that a retry runs it again. A handler that writes nothing
+// answers 200 with an empty body, as under net/http, and that is stored.
+//
+// # Buffering, Flusher and Hijacker
+//
+// The response is buffered, up to WithMaxResponse, so that it can be stored
+// before it is sent. Flush does nothing while the response is buffered. A
+// response that outgrows the buffer is sent on to the client as it is
+// written (Flush then works) and is not stored: the handler has run, so the
+// key is finished as a failure (the log says so) and a retry gets 500
+// ProblemNotStored, never a truncated copy and never a second run. A 5xx
+// response that outgrows the buffer releases the key as usual. Keep
+// WithMaxResponse at most the Client's idem.WithMaxResultSize (both 1 MiB
+// by default): a stored response over the Client's limit ends the same way.
+// Hijack is not supported behind the middleware (it returns an error
+// wrapping http.ErrNotSupported): what a hijacked connection carries cannot
+// be stored.
+//
+// # Keys and scopes
+//
+// A key is 1 to WithMaxKeyLen visible ASCII characters (0x21 to 0x7E), or
+// a structured-field string ("..." with \" and \\ escapes and spaces
+// inside), as the IETF draft writes it; "abc" and abc are one key. The key
+// is namespaced by the principal that WithScope returns, so one user's key
+// can never replay another user's response: the key given to
+// idem.Client.Do (and seen in idem.Attempt.Key) is the scope's length in
+// decimal, ':', the scope and the key, so no two (scope, key) pairs share
+// one. The Client's idem.WithMaxKeyLen must leave room for the scope and
+// its length; a key that does not fit gets 400.
+//
+// # The handler's request
+//
+// The handler sees the whole body (the middleware reads it to fingerprint
+// it, then gives the handler a reader of the same bytes). Its request's
+// context carries the idem.Attempt (idem.AttemptFrom), and ends when the
+// client goes away or when idem's lease on the key is lost.
+package httpidem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Header names.
+const (
+	// HeaderIdempotencyKey is the request header that carries the key, unless
+	// WithHeader names another.
+	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderReplayed is set to "true" on every replayed response.
+	HeaderReplayed = "Idempotent-Replayed"
+)
+
+// An Option configures the middleware. Pass options to New.
+type Option func(*config)
+
+type config struct {
+	header      string
+	methods     map[string]bool
+	required    bool
+	scope       func(*http.Request) (string, error)
+	fingerprint func(*http.Request, []byte) (string, error)
+	maxBody     int64
+	maxKeyLen   int
+	maxResponse int
+	retryAfter  time.Duration
+	logger      *slog.Logger
+	problems    []string
+}
+
+func (c *config) problem(format string, args ...any) {
+	c.problems = append(c.problems, fmt.Sprintf(format, args...))
+}
+
+// WithHeader sets the name of the request header that carries the key.
+// The default is "Idempotency-Key" (HeaderIdempotencyKey).
+func WithHeader(name string) Option {
+	return func(c *config) {
+		if name == "" || strings.ContainsAny(name, " :\r\n\t") {
+			c.problem("WithHeader(%q): not a header name", name)
+			return
+		}
+		c.header = http.CanonicalHeaderKey(name)
+	}
+}
+
+// WithMethods sets the request methods the middleware handles; requests
+// with other methods pass through untouched. Methods are case-sensitive, as
+// in HTTP.
+// The default is POST and PATCH.
+func WithMethods(methods ...string) Option {
+	return func(c *config) {
+		if len(methods) == 0 {
+			c.problem("WithMethods(): needs at least one method")
+			return
+		}
+		c.methods = make(map[string]bool, len(methods))
+		for _, m := range methods {
+			if m == "" {
+				c.problem("WithMethods: empty method")
+			}
+			c.methods[m] = true
+		}
+	}
+}
+
+// WithRequired makes the key mandatory: a request with a handled method and
+// no key gets 400 (ProblemKeyMissing).
+// The default lets such requests pass through to the handler.
+func WithRequired() Option {
+	return func(c *config) { c.required = true }
+}
+
+// WithScope sets the function that names the principal a request acts for
+// (a user or an API client, as authenticated), which namespaces its key: a
+// key sent by one principal never replays another's response. It runs
+// after the key is read and before the body is. If it returns an error, the
+// request gets 401 (ProblemScope), or the status the error gives through a
+// method StatusCode() int (found with errors.As) when that is between 400
+// and 599; the error's message is the problem's detail. An empty scope is
+// allowed: it is the scope of requests without WithScope.
+// The default scope is "" for every request.
+func WithScope(scope func(*http.Request) (string, error)) Option {
+	return func(c *config) {
+		if scope == nil {
+			c.problem("WithScope(nil)")
+			return
+		}
+		c.scope = scope
+	}
+}
+
+// WithFingerprint sets the function that fingerprints a request: a key
+// reused with a request whose fingerprint differs gets 422. body is the
+// whole request body. If it returns an error, the request gets 400
+// (ProblemBadRequest), or the status of the error's StatusCode() method as
+// for WithScope. An empty fingerprint is not checked.
+// The default is DefaultFingerprint.
+func WithFingerprint(fingerprint func(r *http.Request, body []byte) (string, error)) Option {
+	return func(c *config) {
+		if fingerprint == nil {
+			c.problem("WithFingerprint(nil)")
+			return
+		}
+		c.fingerprint = fingerprint
+	}
+}
+
+// WithMaxBody sets the largest request body, in bytes, that the middleware
+// reads (and holds in memory) to fingerprint it; a larger body gets 413
+// (ProblemBodyTooLarge). It must not be negative.
+// The default is 1 MiB.
+func WithMaxBody(n int64) Option {
+	return func(c *config) {
+		if n < 0 {
+			c.problem("WithMaxBody(%d): must not be negative", n)
+			return
+		}
+		c.maxBody = n
+	}
+}
+
+// WithMaxKeyLen sets the longest key, in bytes (after the quotes of a
+// structured-field string are removed); a longer one gets 400. It must be
+// between 1 and 65536.
+// The default is 255.
+func WithMaxKeyLen(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > 1<<16 {
+			c.problem("WithMaxKeyLen(%d): must be between 1 and 65536", n)
+			return
+		}
+		c.maxKeyLen = n
+	}
+}
+
+// WithMaxResponse sets the largest response, in bytes of its stored form
+// (the body, the headers and a few bytes more), that is buffered and
+// stored; a larger one is sent as it is written and not stored (see the
+// package documentation). Keep it at most the Client's
+// idem.WithMaxResultSize. It must be positive.
+// The default is 1 MiB.
+func WithMaxResponse(n int) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.problem("WithMaxResponse(%d): must be positive", n)
+			return
+		}
+		c.maxResponse = n
+	}
+}
+
+// WithRetryAfter sets the Retry-After hint of 409 and 503 answers, rounded
+// up to whole seconds: a guess at when a retry may find the first request
+// finished, not its lease's end. It must be positive.
+// The default is 1 second.
+func WithRetryAfter(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.problem("WithRetryAfter(%v): must be positive", d)
+			return
+		}
+		c.retryAfter = d
+	}
+}
+
+// WithLogger sets the logger for what the middleware notices on its own:
+// responses too large to store, responses not recorded, Redis failures,
+// unreadable records. A nil logger discards.
+// The default discards everything.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	}
+}
+
+// New returns middleware that runs the handler it wraps at most once per
+// idempotency key, with c, and replays its response to retries (see the
+// package documentation). It fits net/http, chi and gorilla/mux (Use).
+// New panics if c is nil or an option is invalid, as those are programming
+// errors.
+func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
+	cfg := config{
+		header:      HeaderIdempotencyKey,
+		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		fingerprint: DefaultFingerprint,
+		maxBody:     1 << 20,
+		maxKeyLen:   255,
+		maxResponse: 1 << 20,
+		retryAfter:  time.Second,
+		logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if c == nil {
+		cfg.problem("nil *idem.Client")
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if len(cfg.problems) > 0 {
+		panic(fmt.Sprintf("httpidem: invalid options: %s", strings.Join(cfg.problems, "; ")))
+	}
+	return func(next http.Handler) http.Handler {
+		if next == nil {
+			panic("httpidem: nil handler")
+		}
+		return &middleware{c: c, cfg: cfg, next: next}
+	}
+}
+
+type middleware struct {
+	c    *idem.Client
+	cfg  config
+	next http.Handler
+}
+
+// ServeHTTP reads the key, the scope and the body, and runs the handler
+// under idem.Client.Do, or answers from the stored response.
+func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !m.cfg.methods[r.Method] {
+		m.next.ServeHTTP(w, r)
+		return
+	}
+	values := r.Header.Values(m.cfg.header)
+	if len(values) == 0 {
+		if m.cfg.required {
+			m.fail(w, ProblemKeyMissing, http.StatusBadRequest, "the request has no "+m.cfg.header+" header, which this endpoint requires")
+			return
+		}
+		m.next.ServeHTTP(w, r)
+		return
+	}
+	key, err := parseKey(values, m.cfg.maxKeyLen)
+	if err != nil {
+		m.fail(w, ProblemKeyInvalid, http.StatusBadRequest, "the "+m.cfg.header+" header "+err.Error())
+		return
+	}
+	var scope string
+	if m.cfg.scope != nil {
+		if scope, err = m.cfg.scope(r); err != nil {
+			m.fail(w, ProblemScope, statusOf(err, http.StatusUnauthorized), err.Error())
+			return
+		}
+	}
+	body, err := readBody(r, m.cfg.maxBody)
+	if err != nil {
+		if errors.Is(err, errBodyTooLarge) {
+			m.fail(w, ProblemBodyTooLarge, http.StatusRequestEntityTooLarge, err.Error())
+		} else {
+			m.fail(w, ProblemBadRequest, http.StatusBadRequest, err.Error())
+		}
+		return
+	}
+	fp, err := m.cfg.fingerprint(r, body)
+	if err != nil {
+		m.fail(w, ProblemBadRequest, statusOf(err, http.StatusBadRequest), err.Error())
+		return
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = io.NopCloser(bytes.NewReader(body)) // the handler reads it again
+		r.ContentLength = int64(len(body))
+	}
+
+	// rec is set when fn runs: this request's handler ran, so its response
+	// is the original, not a replay.
+	var rec *recorder
+	res, err := m.c.Do(r.Context(), scopedKey(scope, key), fp, func(ctx context.Context) ([]byte, error) {
+		rec = newRecorder(w, m.cfg.maxResponse)
+		m.next.ServeHTTP(rec, r.WithContext(ctx))
+		return rec.outcome()
+	})
+	if rec != nil {
+		m.answerOwner(w, r, rec, err)
+		return
+	}
+	if err != nil {
+		m.answerError(w, r, err)
+		return
+	}
+	resp, err := decodeResponse(res)
+	if err != nil {
+		m.cfg.logger.Error("httpidem: stored response unreadable", "key", key, "error", err)
+		m.fail(w, ProblemServerError, http.StatusInternalServerError, "the stored response to this key cannot be read")
+		return
+	}
+	resp.write(w, true)
+}
+
+// answerOwner sends the response of the handler that ran in this request,
+// unless its outcome could not be recorded.
+func (m *middleware) answerOwner(w http.ResponseWriter, r *http.Request, rec *recorder, err error) {
+	var se *statusError
+	switch {
+	case rec.streamed:
+		// Already sent as it was written.
+		switch {
+		case errors.As(err, &se):
+		case errors.Is(err, errNotStored) && !errors.Is(err, idem.ErrNotRecorded) && !errors.Is(err, idem.ErrLeaseLost):
+			m.cfg.logger.Warn("httpidem: response larger than WithMaxResponse sent unbuffered and not stored; retries with its key get 500",
+				"method", r.Method, "path", r.URL.Path, "limit", m.cfg.maxResponse)
+		case err != nil:
+			m.cfg.logger.Error("httpidem: the outcome of a response sent unbuffered was not recorded",
+				"method", r.Method, "path", r.URL.Path, "error", err)
+		}
+	case err == nil, errors.As(err, &se):
+		rec.response().write(w, false)
+	case errors.Is(err, idem.ErrTooLarge):
+		m.cfg.logger.Warn("httpidem: response not stored: larger than the Client's WithMaxResultSize; retries get 500",
+			"method", r.Method, "path", r.URL.Path, "error", err)
+		rec.response().write(w, false)
+	default:
+		m.cfg.logger.Error("httpidem: the handler ran but its response was not recorded",
+			"method", r.Method, "path", r.URL.Path, "error", err)
+		m.fail(w, ProblemNotRecorded, http.StatusInternalServerError,
+			"the request was processed, but its response could not be recorded; a retry may run it again")
+	}
+}
+
+// answerError answers a request whose handler did not run here.
+func (m *middleware) answerError(w http.ResponseWriter, r *http.Request, err error) {
+	var stored *idem.StoredError
+	switch {
+	case errors.Is(err, idem.ErrConflict):
+		m.fail(w, ProblemKeyReused, http.StatusUnprocessableEntity,
+			"this "+m.cfg.header+" was used before with another request")
+	case errors.Is(err, idem.ErrInProgress):
+		m.retryAfter(w)
+		m.fail(w, ProblemInProgress, http.StatusConflict,
+			"a request with this "+m.cfg.header+" is still being processed; retry later")
+	case errors.Is(err, idem.ErrInvalidKey):
+		m.fail(w, ProblemKeyInvalid, http.StatusBadRequest,
+			"the "+m.cfg.header+" header is too long for this service")
+	case errors.As(err, &stored), errors.Is(err, errNotStored), errors.Is(err, idem.ErrTooLarge):
+		m.fail(w, ProblemNotStored, http.StatusInternalServerError,
+			"the request was processed, but its response was too large to be stored and cannot be replayed")
+	case errors.Is(err, idem.ErrClosed):
+		m.retryAfter(w)
+		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable, "the service is shutting down")
+	case errors.Is(err, idem.ErrCorrupt), errors.Is(err, idem.ErrExpired):
+		m.cfg.logger.Error("httpidem: cannot answer from the stored record", "method", r.Method, "path", r.URL.Path, "error", err)
+		m.fail(w, ProblemServerError, http.StatusInternalServerError, "the record of this key cannot be used")
+	default:
+		// Redis unreachable, a timeout, a cancelled request: nothing ran.
+		if r.Context().Err() == nil {
+			m.cfg.logger.Error("httpidem: cannot reach the idempotency store", "method", r.Method, "path", r.URL.Path, "error", err)
+		}
+		m.retryAfter(w)
+		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable,
+			"the idempotency store is unavailable; the request was not processed")
+	}
+}
+
+func (m *middleware) retryAfter(w http.ResponseWriter) {
+	secs := (m.cfg.retryAfter + time.Second - 1) / time.Second
+	w.Header().Set("Retry-After", strconv.FormatInt(int64(secs), 10))
+}
+
+// statusOf returns the status that err gives through a StatusCode method,
+// if it is a 4xx or 5xx, or else def.
+func statusOf(err error, def int) int {
+	var sc interface{ StatusCode() int }
+	if errors.As(err, &sc) {
+		if s := sc.StatusCode(); s >= 400 && s <= 599 {
+			return s
+		}
+	}
+	return def
+}
+
+// scopedKey returns the key that idem stores: the scope's length, ':', the
+// scope and the key. The length says where the scope ends, so no two
+// (scope, key) pairs give one key.
+func scopedKey(scope, key string) string {
+	return strconv.Itoa(len(scope)) + ":" + scope + key
+}
+
+// parseKey checks the key header's values and returns the key.
+func parseKey(values []string, maxLen int) (string, error) {
+	if len(values) > 1 {
+		return "", errors.New("is sent more than once")
+	}
+	v := values[0]
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		// A structured-field string (RFC 8941): printable ASCII and spaces,
+		// with \" and \\ escaped.
+		var b strings.Builder
+		for i := 1; i < len(v)-1; i++ {
+			c := v[i]
+			switch {
+			case c == '\\':
+				i++
+				if i == len(v)-1 || (v[i] != '"' && v[i] != '\\') {
+					return "", errors.New("has an invalid escape in its quoted string")
+				}
+				b.WriteByte(v[i])
+			case c == '"' || c < 0x20 || c > 0x7E:
+				return "", errors.New("has a character that is not printable ASCII in its quoted string")
+			default:
+				b.WriteByte(c)
+			}
+		}
+		v = b.String()
+	} else {
+		for i := 0; i < len(v); i++ {
+			if v[i] < 0x21 || v[i] > 0x7E {
+				return "", errors.New("has a character that is not visible ASCII")
+			}
+		}
+	}
+	switch {
+	case v == "":
+		return "", errors.New("is empty")
+	case len(v) > maxLen:
+		return "", fmt.Errorf("is longer than %d bytes", maxLen)
+	}
+	return v, nil
+}
+
+var errBodyTooLarge = errors.New("the request body is larger than this endpoint accepts")
+
+// readBody reads the whole request body, at most max bytes.
+func readBody(r *http.Request, max int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > max {
+		return nil, errBodyTooLarge
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, errBodyTooLarge
+		}
+		return nil, fmt.Errorf("the request body could not be read: %v", err)
+	}
+	if int64(len(body)) > max {
+		return nil, errBodyTooLarge
+	}
+	return body, nil
+}

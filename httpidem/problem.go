@@ -1,0 +1,87 @@
+package httpidem
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// The type URIs of the middleware's problem answers (RFC 9457), each a
+// link to its own documentation here. Clients can switch on them.
+const (
+	problemBase = "https://pkg.go.dev/github.com/idem-go/idem/httpidem#"
+
+	// ProblemKeyMissing (400): the request has no key, and WithRequired
+	// makes it mandatory.
+	ProblemKeyMissing = problemBase + "ProblemKeyMissing"
+	// ProblemKeyInvalid (400): the key is empty, too long, sent twice, or
+	// has characters other than visible ASCII.
+	ProblemKeyInvalid = problemBase + "ProblemKeyInvalid"
+	// ProblemKeyReused (422): the key was used before with another request
+	// (another fingerprint). The handler did not run. Use a new key for a
+	// new operation.
+	ProblemKeyReused = problemBase + "ProblemKeyReused"
+	// ProblemInProgress (409): a request with the key is still running.
+	// The handler did not run for this one; retry after Retry-After seconds.
+	ProblemInProgress = problemBase + "ProblemInProgress"
+	// ProblemBodyTooLarge (413): the body is over WithMaxBody.
+	ProblemBodyTooLarge = problemBase + "ProblemBodyTooLarge"
+	// ProblemBadRequest (400): the body could not be read, or WithFingerprint
+	// refused the request.
+	ProblemBadRequest = problemBase + "ProblemBadRequest"
+	// ProblemScope (401, or the status the error of WithScope gives): the
+	// request's principal could not be established.
+	ProblemScope = problemBase + "ProblemScope"
+	// ProblemNotStored (500): a request with the key was processed, but its
+	// response was too large to store, so it cannot be replayed. The
+	// handler does not run again for the key.
+	ProblemNotStored = problemBase + "ProblemNotStored"
+	// ProblemNotRecorded (500): the handler ran in this request, but its
+	// response could not be recorded (Redis failed, or the lease was lost).
+	// A retry after the lease may run the handler again, as a new attempt.
+	ProblemNotRecorded = problemBase + "ProblemNotRecorded"
+	// ProblemServerError (500): the key's record cannot be used (it is
+	// corrupt, or expired while this request waited). The handler did not
+	// run.
+	ProblemServerError = problemBase + "ProblemServerError"
+	// ProblemUnavailable (503): the idempotency store (Redis) cannot be
+	// reached, or the service is shutting down. The handler did not run;
+	// retry after Retry-After seconds.
+	ProblemUnavailable = problemBase + "ProblemUnavailable"
+)
+
+// titles are the problems' titles, one per type (RFC 9457, section 3.1.3).
+var titles = map[string]string{
+	ProblemKeyMissing:   "Idempotency key missing",
+	ProblemKeyInvalid:   "Invalid idempotency key",
+	ProblemKeyReused:    "Idempotency key reused with another request",
+	ProblemInProgress:   "Request with this idempotency key in progress",
+	ProblemBodyTooLarge: "Request body too large",
+	ProblemBadRequest:   "Bad request",
+	ProblemScope:        "Principal not established",
+	ProblemNotStored:    "Response not stored",
+	ProblemNotRecorded:  "Response not recorded",
+	ProblemServerError:  "Idempotency record unusable",
+	ProblemUnavailable:  "Idempotency store unavailable",
+}
+
+// problem is an RFC 9457 problem details object.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// fail answers with a problem+json body; headers already set on w (such as
+// Retry-After) stay.
+func (m *middleware) fail(w http.ResponseWriter, typ string, status int, detail string) {
+	b, _ := json.Marshal(problem{Type: typ, Title: titles[typ], Status: status, Detail: detail})
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("Cache-Control", "no-store")
+	h.Del(HeaderReplayed)
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

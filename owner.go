@@ -91,7 +91,8 @@ func (c *Client) complete(ctx context.Context, keys []string, claimed, record []
 // moves it. retry tells in-process followers (see flights) that this
 // outcome is not theirs to share: they should try the key themselves.
 //
-// Model: steps StartFn, Renew and Complete of model/idem.pml.
+// Model: steps Complete and Release (the owner's side) of process Caller
+// in model/idem.pml; the lease while fn runs is renewLoop's.
 func (c *Client) own(ctx context.Context, key string, keys []string, fp, token string, claimed []byte, n int64, deadline int64, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -147,6 +147,9 @@ type renewReply struct {
 // margin), fn's context is cancelled with errLeaseEnded, whether or not a
 // call is still under way. A renewal that finds the key no longer ours
 // cancels it with a cause wrapping ErrLeaseLost.
+//
+// Model: step Renew (the owner's side) and step Tick (the context
+// cancelled at the deadline) in model/idem.pml.
 func (c *Client) renewLoop(r *renewal) {
 	defer close(r.finished)
 	every := c.renewals.every

@@ -24,7 +24,8 @@ const defaultFirstPoll = 25 * time.Millisecond
 // claim again. retry reports an outcome that in-process followers must not
 // share (see flights).
 //
-// Model: steps Claim and StartFn of model/idem.pml.
+// Model: steps Claim, ClaimReply and RenewBeforeFn of process Caller in
+// model/idem.pml.
 func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	keys := c.keys(key)
 	token := newToken()

@@ -1,4 +1,5 @@
 -- claim.lua: claim an idempotency key for one caller, or report its state.
+-- Model: step Claim in model/idem.pml (claim_script; the caller's side: step ClaimReply).
 -- (lua/record.lua, inserted below, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}

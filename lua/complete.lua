@@ -1,5 +1,6 @@
 -- complete.lua: record the outcome of an attempt, only if the caller still
 -- owns it (compare-and-set on the claim), and wake the waiters.
+-- Model: step Complete in model/idem.pml (complete_script: compare-and-set on the owner token).
 -- (lua/record.lua, inserted below, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}

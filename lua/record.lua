@@ -1,5 +1,6 @@
 -- record.lua: shared by the scripts; it is inserted into each of them where
 -- it says --[[lua/record.lua]], or at the top.
+-- Model: the record (rst, rown, rn, rlease, rttl) in model/idem.pml.
 --
 -- A record is one string at KEYS[1] = <prefix>:{<key>}, in every state:
 --

@@ -2,6 +2,7 @@
 -- an unknown claim outcome), only if the caller still owns it, and wake the
 -- waiters so one of them takes over. The attempt number is kept, so the next
 -- owner sees a higher one.
+-- Model: step Release in model/idem.pml (release_script: the owner's claim only).
 -- (lua/record.lua, prepended, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}

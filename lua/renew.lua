@@ -1,5 +1,6 @@
 -- renew.lua: extend the lease of a running attempt (the heartbeat), only if
 -- the caller still owns it.
+-- Model: step Renew in model/idem.pml (renew_script; before fn: step RenewBeforeFn).
 -- (lua/record.lua, prepended, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}

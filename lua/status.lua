@@ -1,4 +1,5 @@
 -- status.lua: read a record for Status, with the server's clock.
+-- Model: none: read-only, no caller acts on its answer (see "Status" in model/idem.pml).
 -- (lua/record.lua, prepended, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}

@@ -220,6 +220,13 @@ func AttemptFrom(ctx context.Context) (Attempt, bool) {
 // result slice (fn's own, or the one read from Redis): treat it as
 // read-only, and copy it before changing it.
 func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
+	if c.observed(ctx) {
+		return c.doObserved(ctx, key, fingerprint, fn)
+	}
+	return c.do(ctx, key, fingerprint, fn)
+}
+
+func (c *Client) do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
 	if fn == nil {
 		return nil, errors.New("idem: Do called with a nil fn")
 	}

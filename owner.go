@@ -82,10 +82,12 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	c.renewals.stop(&o.lease)
 
 	if panicked {
+		c.observeRelease(fctx, key)
 		c.release(ctx, keys, token)
 		panic(pv)
 	}
 	if err != nil && !errors.As(err, new(*permanentError)) {
+		c.observeRelease(fctx, key)
 		c.release(ctx, keys, token)
 		return nil, err, true
 	}
@@ -102,6 +104,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 		record, free = finishedRecord('d', fp, token, n, res)
 	}
 	serr := c.complete(ctx, keys, claimed, record)
+	c.observeStored(ctx, key, serr, err)
 	free()
 	if serr != nil {
 		if err != nil {

@@ -198,7 +198,7 @@ func (t *tally) finish() {
 	for i, n := range t.bytesCounts {
 		b := bucket{Count: n}
 		if i < len(byteBounds) {
-			b.Below = size(byteBounds[i])
+			b.Below = sizeLabel(byteBounds[i])
 		}
 		t.BytesBuckets = append(t.BytesBuckets, b)
 	}
@@ -462,9 +462,9 @@ func printStats(out *printer, o options, t *tally) {
 		case stUnreadable:
 			note = "  (not a record idem reads: ErrCorrupt for its key)"
 		}
-		out.printf("  %-12s %10d  %5.1f%%%s\n", s, n, pct(n, t.Records), note)
+		out.printf("  %-14s %10d  %6s%s\n", s, n, pct(n, t.Records), note)
 	}
-	out.printf("\nattempts above 1: %d (%.2f%%), highest attempt %d\n", t.Retried, pct(t.Retried, t.Records), t.MaxAttempt)
+	out.printf("\nattempts above 1: %d (%s), highest attempt %d\n", t.Retried, pct(t.Retried, t.Records), t.MaxAttempt)
 	out.printf("\nvalue bytes (STRLEN): %s in all, %s on average, largest %s\n", size(t.Bytes), size(t.Bytes/t.Records), size(t.MaxBytes))
 	printBuckets(out, t.BytesBuckets, t.Records)
 	if m := t.Memory; m.Sampled > 0 {
@@ -474,7 +474,7 @@ func printStats(out *printer, o options, t *tally) {
 	out.printf("\nTTL left:\n")
 	printBuckets(out, t.TTLBuckets, t.Records)
 	if t.NoTTL > 0 {
-		out.printf("  %-12s %10d  (idem always sets a TTL: were these changed by hand?)\n", "no TTL", t.NoTTL)
+		out.printf("  %-14s %10d  (idem always sets a TTL: were these changed by hand, or not idem's?)\n", "no TTL", t.NoTTL)
 	}
 	if len(t.Biggest) > 0 {
 		out.printf("\nbiggest records:\n")
@@ -490,15 +490,30 @@ func printBuckets(out *printer, bs []bucket, total int64) {
 		if b.Below == "" {
 			label = "more"
 		}
-		out.printf("  %-12s %10d  %5.1f%%\n", label, b.Count, pct(b.Count, total))
+		out.printf("  %-14s %10d  %6s\n", label, b.Count, pct(b.Count, total))
 	}
 }
 
-func pct(n, total int64) float64 {
-	if total == 0 {
-		return 0
+// pct is n's share of total, as "12.3%" ("<0.1%" for a few, never "0.0%").
+func pct(n, total int64) string {
+	switch {
+	case n == 0 || total == 0:
+		return "0%"
+	case n*1000 < total:
+		return "<0.1%"
 	}
-	return 100 * float64(n) / float64(total)
+	return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(total))
+}
+
+// sizeLabel writes a bucket's bound, a power of two, as "512 B" or "64 KiB".
+func sizeLabel(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 func size(n int64) string {

@@ -454,3 +454,32 @@ func TestEventKindNames(t *testing.T) {
 		t.Fatalf("unknown kind: %q", s)
 	}
 }
+
+// BenchmarkReplayObserved is BenchmarkReplay/100B/idem with an observer
+// that does nothing, and with a CallInfo: what taking notes costs a call.
+func BenchmarkReplayObserved(b *testing.B) {
+	srv := benchRedis(b)
+	ctx := context.Background()
+	fn := benchResultFn(benchPayload(100))
+	for _, tc := range []struct {
+		name string
+		opts []idem.Option
+		ctx  func() context.Context
+	}{
+		{"observer", []idem.Option{idem.WithObserver(idem.ObserverFunc(func(context.Context, idem.Event) {}))}, func() context.Context { return ctx }},
+		{"callinfo", nil, func() context.Context { return idem.WithCallInfo(ctx, new(idem.CallInfo)) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := benchIdem(b, srv.addr, tc.opts...)
+			if _, err := c.Do(ctx, "replay-observed", benchFingerprint, fn); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.Do(tc.ctx(), "replay-observed", benchFingerprint, fn); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -300,7 +300,8 @@ type callState struct {
 	waitedFor int64         // the attempt it waited for, when known
 	wait      time.Duration // waited in all
 	waitedAt  time.Duration // since start, when the wait ended
-	tookOver  time.Duration // since start, when attempt (> 1) was claimed; 0 if not
+	tookOver  bool          // the call claimed an attempt above 1
+	tookAt    time.Duration // since start, when it did
 	ownStart  time.Time
 	owned     time.Duration
 }
@@ -348,7 +349,7 @@ func (c *Client) observeClaim(ctx context.Context, key string, kind byte, n int6
 	case 'c':
 		st.attempt, st.ownStart = n, now
 		if n > 1 {
-			st.tookOver = now.Sub(st.start)
+			st.tookOver, st.tookAt = true, now.Sub(st.start)
 		}
 	case 'd', 'f':
 		st.outcome, st.attempt = EventReplayed, 0
@@ -443,9 +444,9 @@ func (c *Client) report(ctx context.Context, st *callState, err error, returned 
 		w.Kind, w.Attempt, w.Duration, w.Wait, w.Owned, w.Err = EventWaited, st.waitedFor, st.waitedAt, st.wait, 0, nil
 		c.emit(ctx, w)
 	}
-	if st.tookOver > 0 {
+	if st.tookOver {
 		t := e
-		t.Kind, t.Duration, t.Wait, t.Owned, t.Err = EventTookOver, st.tookOver, 0, 0, nil
+		t.Kind, t.Duration, t.Wait, t.Owned, t.Err = EventTookOver, st.tookAt, 0, 0, nil
 		c.emit(ctx, t)
 	}
 	c.emit(ctx, e)

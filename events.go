@@ -11,7 +11,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -497,4 +499,41 @@ func EventKeyDigest(secret []byte, key string) string {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(key))
 	return hex.EncodeToString(m.Sum(nil)[:16])
+}
+
+// LogObserver returns an Observer that logs events to l: lost leases and
+// unrecorded outcomes at Error (fn acted and its outcome is not stored),
+// takeovers, errors and calls that ran out of wait at Warn, the rest at
+// Debug. Each record carries the kind, the key's digest, the attempt, the
+// durations and the error.
+func LogObserver(l *slog.Logger) Observer {
+	return ObserverFunc(func(ctx context.Context, e Event) {
+		level := slog.LevelDebug
+		switch e.Kind {
+		case EventLeaseLost, EventNotRecorded:
+			level = slog.LevelError
+		case EventTookOver, EventError, EventInProgress:
+			level = slog.LevelWarn
+		}
+		if !l.Enabled(ctx, level) {
+			return
+		}
+		attrs := []slog.Attr{
+			slog.String("event", e.Kind.String()), slog.String("key_digest", e.Key),
+			slog.Int64("attempt", e.Attempt), slog.Duration("duration", e.Duration),
+		}
+		if e.RawKey != "" {
+			attrs = append(attrs, slog.String("key", e.RawKey))
+		}
+		if e.Wait > 0 {
+			attrs = append(attrs, slog.Duration("wait", e.Wait))
+		}
+		if e.Owned > 0 {
+			attrs = append(attrs, slog.Duration("owned", e.Owned))
+		}
+		if e.Err != nil {
+			attrs = append(attrs, slog.Any("error", e.Err))
+		}
+		l.LogAttrs(ctx, level, "idem: "+strings.ReplaceAll(e.Kind.String(), "_", " "), attrs...)
+	})
 }

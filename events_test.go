@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -481,5 +482,22 @@ func BenchmarkReplayObserved(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestLogObserver(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	var buf syncBuffer
+	l := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c := b.idem(t, idem.WithObserver(idem.LogObserver(l)))
+	ttl := 24 * time.Hour
+	b.do(t, "SET", idem.RecordKey(c, "secret-order-77"), inProgress("gone-owner", 1, ttl, 0), "PX", ttl.Milliseconds())
+	if _, err := c.Do(context.Background(), "secret-order-77", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	got := buf.String()
+	if !strings.Contains(got, "level=WARN") || !strings.Contains(got, `msg="idem: took over"`) || !strings.Contains(got, "attempt=2") ||
+		strings.Contains(got, "executed") || strings.Contains(got, "secret-order-77") {
+		t.Fatalf("log: %q; want the takeover at WARN, no executed record at DEBUG, no raw key", got)
 	}
 }

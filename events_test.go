@@ -215,7 +215,8 @@ func TestEventInProcessDuplicate(t *testing.T) {
 		_, err := c.Do(idem.WithCallInfo(context.Background(), &info), "k", "fp", l.fn("never"))
 		out <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // the duplicate joins the flight
+	eventually(t, 10*time.Second, "the duplicate to join the flight", func() bool { return idem.HasFollower(c, "k") })
+	time.Sleep(5 * time.Millisecond) // some wait to measure
 	finish("ok", nil)
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -86,3 +86,12 @@ func NewKeyArgs(c *Client, fp, token string, res []byte) (claim, complete []any)
 	return []any{first, c.retentionMs},
 		[]any{first, record, c.retentionMs, c.publish}
 }
+
+// HasFollower reports whether a call waits for the in-process flight of
+// key (the flight's done channel is made when its first follower comes).
+func HasFollower(c *Client, key string) bool {
+	c.flights.mu.Lock()
+	defer c.flights.mu.Unlock()
+	fl := c.flights.m[key]
+	return fl != nil && fl.done != nil
+}

@@ -57,6 +57,7 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 			}
 			done := fl.done
 			f.mu.Unlock()
+			c.observeFollow(ctx, key)
 			if timer == nil {
 				timer = time.NewTimer(time.Until(until))
 			}

@@ -69,7 +69,17 @@
 // survives a failover. Run Redis with
 // maxmemory-policy noeviction: every record has a TTL, so a volatile-*
 // policy may evict a live claim and let a retry run twice. New checks the
-// policy when it can and warns through WithLogger.
+// policy when it can and warns through WithLogger; Check checks all of it,
+// for start-up and readiness probes.
+//
+// # Seeing it run
+//
+// WithObserver receives an Event for every call's outcome (executed,
+// replayed, conflict, released, failed, lease lost, not recorded, in
+// progress, error) and the steps on its way (waited, took over), with the
+// key as a keyed digest. WithCallInfo tells one caller what became of its
+// own call. The otelidem module turns events into OpenTelemetry metrics and
+// spans; cmd/idemctl shows and mends the records from a shell.
 package idem
 
 import (
@@ -245,6 +255,13 @@ func AttemptFrom(ctx context.Context) (Attempt, bool) {
 // result slice (fn's own, or the one read from Redis): treat it as
 // read-only, and copy it before changing it.
 func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
+	if c.observed(ctx) {
+		return c.doObserved(ctx, key, fingerprint, fn)
+	}
+	return c.do(ctx, key, fingerprint, fn)
+}
+
+func (c *Client) do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
 	if fn == nil {
 		return nil, errors.New("idem: Do called with a nil fn")
 	}

@@ -3,8 +3,8 @@
 package idem
 
 import (
+	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -25,6 +25,9 @@ type config struct {
 	logger        *slog.Logger
 	replicas      int           // WAIT for this many replicas after claims and outcomes; 0 = do not wait
 	replicaWait   time.Duration // WAIT's timeout
+	observers     []Observer
+	eventSecret   []byte // of Event.Key; nil: processSecret
+	rawEventKeys  bool
 	problems      []string
 }
 
@@ -38,7 +41,7 @@ func defaultConfig() config {
 		storeTimeout:  10 * time.Second,
 		maxKeyLen:     512,
 		maxResultSize: 1 << 20,
-		logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		logger:        slog.New(defaultHandler{}),
 	}
 }
 
@@ -185,13 +188,35 @@ func WithMaxResultSize(n int) Option {
 // WithLogger sets the logger for what the Client notices on its own: a Redis
 // eviction policy that can drop live claims, failures to renew a lease or
 // to release a claim. A nil logger discards.
-// The default discards everything.
+// The default is slog.Default(), as it is when a message is logged.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
-		if l != nil {
-			c.logger = l
+		if l == nil {
+			l = slog.New(slog.DiscardHandler)
 		}
+		c.logger = l
 	}
+}
+
+// defaultHandler sends each record to the handler of slog.Default() at the
+// time it is logged, so that a program that sets its default logger after
+// New still gets the Client's warnings.
+type defaultHandler struct{}
+
+func (defaultHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return slog.Default().Handler().Enabled(ctx, l)
+}
+
+func (defaultHandler) Handle(ctx context.Context, r slog.Record) error {
+	return slog.Default().Handler().Handle(ctx, r)
+}
+
+func (defaultHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return slog.Default().Handler().WithAttrs(attrs)
+}
+
+func (defaultHandler) WithGroup(name string) slog.Handler {
+	return slog.Default().Handler().WithGroup(name)
 }
 
 // WithReplicas makes every claim and every recorded outcome wait until n

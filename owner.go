@@ -114,6 +114,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 			// runtime.Goexit (t.FailNow does): stop renewing, give the
 			// claim back, and let either go on.
 			c.renewals.stop(&o.lease)
+			c.observeRelease(fctx, key)
 			c.release(ctx, keys, token)
 		}
 	}()
@@ -122,6 +123,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	c.renewals.stop(&o.lease)
 
 	if err != nil && !errors.As(err, new(*permanentError)) {
+		c.observeRelease(fctx, key)
 		c.release(ctx, keys, token)
 		return nil, err, true
 	}
@@ -138,6 +140,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 		record, free = finishedRecord('d', fp, token, n, res)
 	}
 	serr := c.complete(ctx, keys, claimed, record)
+	c.observeStored(ctx, key, serr, err)
 	free()
 	if serr != nil {
 		if err != nil {

@@ -58,6 +58,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			}
 			return nil, fmt.Errorf("idem: claim key %q: %w", key, err), ctx.Err() != nil
 		}
+		c.observeClaim(ctx, key, r.kind, r.n)
 		switch r.kind {
 		case 'c':
 			if seen > 0 && r.n == 1 {

@@ -189,7 +189,8 @@ func runIdem(ctx context.Context, cfg config, rdbs [2]*redis.Client, prefix stri
 	var takeovers keySet
 	var services [2]service
 	for i, rdb := range rdbs {
-		c := idem.New(rdb, idem.WithPrefix(prefix), idem.WithRetention(retention))
+		c := idem.New(rdb, idem.WithPrefix(prefix), idem.WithRetention(retention),
+			idem.WithLogger(nil)) // the report is the output; miniredis cannot tell its eviction policy
 		defer func() { err = errors.Join(err, c.Close()) }()
 		services[i] = &idemService{name: instanceName(i), idem: c, bank: b, takeovers: &takeovers}
 	}

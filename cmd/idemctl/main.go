@@ -1,0 +1,400 @@
+// Command idemctl lets an operator see and mend the idempotency records
+// that github.com/idem-go/idem keeps in Redis.
+//
+//	idemctl [flags] status KEY   the state of one key's record
+//	idemctl [flags] forget KEY   delete one key's record (with -yes)
+//	idemctl [flags] stats        every record under the prefix: states, attempts, sizes, TTLs
+//	idemctl [flags] check        whether Redis can keep idem's promises (idem's Client.Check)
+//
+// It talks to the Redis at -redis, an address (host:port) or a redis:// or
+// rediss:// URL; with -cluster, to a Redis Cluster through any of its nodes
+// (a comma-separated list of addresses, or a URL). Output is for people;
+// -json prints one JSON object instead, for scripts.
+//
+// Exit status: 0 when the command did its job (status found the record in
+// whatever state, or none; check found no problem); 1 when it failed (Redis
+// unreachable or failing, a record it cannot read, problems found by
+// check); 2 for bad usage (an unknown command or flag, a missing or extra
+// argument, a malformed -redis, forget without -yes).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+const usageText = `Usage: idemctl [flags] COMMAND [KEY]
+
+idemctl shows an operator what idem (github.com/idem-go/idem) keeps in
+Redis, and mends it: the state of one key's record (its attempt, when its
+lease ends, when it expires), an overview of every record under the
+prefix (how many are done, failed, in progress, released; how many were
+retried; their sizes and TTLs; the biggest), whether Redis is set up to
+keep idem's promises, and, as a last resort, deleting one key's record.
+
+Commands:
+  status KEY   the state of KEY's record; an in-progress record whose lease
+               ended belongs to an owner that is gone: the next call takes over
+  forget KEY   delete KEY's record (needs -yes): the next call with KEY runs
+               its operation again, as attempt 1
+  stats        scan every record under the prefix (SCAN, read-only): records
+               by state, attempts above 1, value bytes (STRLEN), memory
+               (MEMORY USAGE, sampled in large keyspaces), TTLs, the biggest
+               records; a progress line on a terminal
+  check        check that Redis can keep idem's promises (idem's Client.Check):
+               problems, each with what to change, and notes on persistence
+               and replication
+
+Exit status: 0 done (check: no problems); 1 failed (Redis unreachable or
+failing, a record that cannot be read, problems found by check); 2 bad
+usage (unknown command or flag, missing or extra argument, malformed
+-redis, forget without -yes).
+
+Flags:
+`
+
+type options struct {
+	redis   string
+	cluster bool
+	prefix  string
+	json    bool
+	yes     bool
+	timeout time.Duration
+	top     int
+	sample  int
+	batch   int
+}
+
+// quietLogger silences go-redis's own log (failed dials, retries): idemctl
+// reports the errors that matter itself.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+func main() {
+	redis.SetLogger(quietLogger{})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// usageError is bad usage: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+// run runs idemctl with args and returns its exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("idemctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.redis, "redis", "localhost:6379", "Redis `address` (host:port) or URL (redis://[user:password@]host:port[/db], rediss:// for TLS); with -cluster, addresses separated by commas")
+	fs.BoolVar(&o.cluster, "cluster", false, "talk to a Redis Cluster: stats and check visit every master")
+	fs.StringVar(&o.prefix, "prefix", "idem", "the `prefix` of idem's records (idem.WithPrefix)")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
+	fs.BoolVar(&o.yes, "yes", false, "confirm forget")
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up status, forget and check after this `duration` (stats runs until done or interrupted)")
+	fs.IntVar(&o.top, "top", 10, "stats: how many of the biggest records to list")
+	fs.IntVar(&o.sample, "sample", 10000, "stats: about how many records to measure with MEMORY USAGE")
+	fs.IntVar(&o.batch, "batch", 1000, "stats: keys asked of SCAN at a time (its COUNT), and read in one pipeline")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage // the flag package said what was wrong
+	}
+	err := dispatch(ctx, o, fs.Args(), stdout, stderr)
+	var ue *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "idemctl: %v\nRun idemctl -h for help.\n", err)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "idemctl: %v\n", err)
+		return exitFailure
+	}
+}
+
+func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return usagef("no command given: want status KEY, forget KEY, stats or check")
+	}
+	cmd, args := args[0], args[1:]
+	wantKey := cmd == "status" || cmd == "forget"
+	switch cmd {
+	case "status", "forget", "stats", "check":
+	default:
+		return usagef("unknown command %q: want status KEY, forget KEY, stats or check", cmd)
+	}
+	switch {
+	case wantKey && len(args) == 0:
+		return usagef("%s needs a KEY: idemctl %s KEY", cmd, cmd)
+	case wantKey && len(args) > 1:
+		return usagef("%s takes one KEY, not %d arguments (quote a key with spaces)", cmd, len(args))
+	case !wantKey && len(args) > 0:
+		return usagef("%s takes no arguments, got %q", cmd, args)
+	case wantKey && args[0] == "":
+		return usagef("%s: the KEY is empty", cmd)
+	case cmd == "forget" && !o.yes:
+		return usagef("forget deletes the record of %q: the next call with the key runs its operation again; add -yes to confirm", args[0])
+	case o.prefix == "" || strings.ContainsAny(o.prefix, "{}"):
+		return usagef("-prefix %q: must be non-empty and without '{' or '}'", o.prefix)
+	case o.top < 0 || o.sample < 0 || o.batch < 1:
+		return usagef("-top and -sample must not be negative, and -batch must be positive")
+	}
+	rdb, err := connect(o)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	if cmd != "stats" && o.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+	}
+	out := &printer{w: stdout, json: o.json}
+	switch cmd {
+	case "status":
+		return status(ctx, o, rdb, args[0], out)
+	case "forget":
+		return forget(ctx, o, rdb, args[0], out)
+	case "check":
+		return check(ctx, o, rdb, out)
+	}
+	return stats(ctx, o, rdb, out, stderr)
+}
+
+// connect makes the go-redis client that -redis and -cluster describe. It
+// does not talk to Redis yet; a malformed -redis is bad usage.
+func connect(o options) (redis.UniversalClient, error) {
+	addr := strings.TrimSpace(o.redis)
+	if strings.Contains(addr, "://") {
+		if o.cluster {
+			opt, err := redis.ParseClusterURL(addr)
+			if err != nil {
+				return nil, usagef("-redis %q: %v", o.redis, err)
+			}
+			opt.MaxRetries = 1
+			return redis.NewClusterClient(opt), nil
+		}
+		opt, err := redis.ParseURL(addr)
+		if err != nil {
+			return nil, usagef("-redis %q: %v", o.redis, err)
+		}
+		opt.MaxRetries = 1
+		return redis.NewClient(opt), nil
+	}
+	addrs := strings.Split(addr, ",")
+	for _, a := range addrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return nil, usagef("-redis %q: want host:port (such as localhost:6379) or a redis:// URL", o.redis)
+		}
+	}
+	if o.cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: 1}), nil
+	}
+	if len(addrs) > 1 {
+		return nil, usagef("-redis %q: one address, or -cluster for several", o.redis)
+	}
+	return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: 1}), nil
+}
+
+// client wraps rdb in an idem.Client for o's prefix, for Status, Forget and
+// Check. It logs nothing: idemctl reports what it finds itself.
+func client(o options, rdb redis.UniversalClient) *idem.Client {
+	return idem.New(rdb, idem.WithPrefix(o.prefix), idem.WithMaxKeyLen(1<<16), idem.WithLogger(nil))
+}
+
+// recordKey is the Redis key of key's record (as idem builds it).
+func recordKey(prefix, key string) string {
+	r := strings.NewReplacer(`\`, `\\`, `}`, `\c`)
+	return prefix + ":{" + r.Replace(key) + "}"
+}
+
+// printer writes the output: text, or one JSON object.
+type printer struct {
+	w    io.Writer
+	json bool
+}
+
+func (p *printer) printf(format string, args ...any) {
+	if !p.json {
+		fmt.Fprintf(p.w, format, args...)
+	}
+}
+
+func (p *printer) object(v any) error {
+	if !p.json {
+		return nil
+	}
+	enc := json.NewEncoder(p.w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// statusJSON is a record's state in -json output.
+type statusJSON struct {
+	Key       string     `json:"key"`
+	Record    string     `json:"record"`
+	State     string     `json:"state"`
+	Attempt   int64      `json:"attempt"`
+	LeaseEnds *time.Time `json:"lease_ends,omitempty"`
+	LeaseLive bool       `json:"lease_live"`
+	Expires   *time.Time `json:"expires,omitempty"`
+}
+
+func status(ctx context.Context, o options, rdb redis.UniversalClient, key string, out *printer) error {
+	c := client(o, rdb)
+	defer c.Close()
+	st, err := c.Status(ctx, key)
+	if err != nil {
+		return err
+	}
+	j := describe(o, key, st)
+	if out.json {
+		return out.object(j)
+	}
+	printStatus(out, j, st)
+	return nil
+}
+
+func describe(o options, key string, st idem.Status) statusJSON {
+	j := statusJSON{Key: key, Record: recordKey(o.prefix, key), State: st.State.String(), Attempt: st.Attempt}
+	if !st.LeaseEnds.IsZero() {
+		t := st.LeaseEnds.UTC()
+		j.LeaseEnds = &t
+		j.LeaseLive = st.State == idem.StateInProgress && time.Until(t) > 0
+	}
+	if !st.Expires.IsZero() {
+		t := st.Expires.UTC()
+		j.Expires = &t
+	}
+	return j
+}
+
+func printStatus(out *printer, j statusJSON, st idem.Status) {
+	out.printf("key:      %q (record %s)\n", j.Key, j.Record)
+	out.printf("state:    %s\n", j.State)
+	if st.State == idem.StateAbsent {
+		out.printf("          no record: the next call runs the operation as attempt 1\n")
+		return
+	}
+	out.printf("attempt:  %d\n", j.Attempt)
+	if j.LeaseEnds != nil {
+		left := time.Until(*j.LeaseEnds).Round(time.Millisecond)
+		switch {
+		case st.State == idem.StateReleased:
+			out.printf("lease:    given back: the next call runs attempt %d\n", j.Attempt+1)
+		case left > 0:
+			out.printf("lease:    ends %s (in %v): its owner is running the operation\n", j.LeaseEnds.Format(time.RFC3339Nano), left)
+		default:
+			out.printf("lease:    ended %s (%v ago): its owner is gone; the next call takes over as attempt %d\n", j.LeaseEnds.Format(time.RFC3339Nano), -left, j.Attempt+1)
+		}
+	}
+	if j.Expires != nil {
+		out.printf("expires:  %s (in %v)\n", j.Expires.Format(time.RFC3339Nano), time.Until(*j.Expires).Round(time.Second))
+	} else {
+		out.printf("expires:  never (the record has no TTL: idem always sets one; was it changed by hand?)\n")
+	}
+}
+
+func forget(ctx context.Context, o options, rdb redis.UniversalClient, key string, out *printer) error {
+	c := client(o, rdb)
+	defer c.Close()
+	st, err := c.Status(ctx, key)
+	if err != nil && !errors.Is(err, idem.ErrCorrupt) {
+		return err
+	}
+	if err == nil && st.State == idem.StateAbsent {
+		out.printf("key %q has no record: nothing to forget\n", key)
+		return out.object(map[string]any{"key": key, "forgotten": false, "was": "absent"})
+	}
+	if err := c.Forget(ctx, key); err != nil {
+		return err
+	}
+	was := "unreadable"
+	if err == nil {
+		was = st.State.String()
+	}
+	out.printf("forgot key %q (it was %s, attempt %d): the next call runs the operation again as attempt 1\n", key, was, st.Attempt)
+	return out.object(map[string]any{"key": key, "forgotten": true, "was": was, "attempt": st.Attempt})
+}
+
+func check(ctx context.Context, o options, rdb redis.UniversalClient, out *printer) error {
+	c := client(o, rdb)
+	defer c.Close()
+	servers, err := c.CheckServers(ctx)
+	if servers == nil && err != nil {
+		return err
+	}
+	if out.json {
+		if jerr := out.object(map[string]any{"ok": err == nil, "servers": servers}); jerr != nil {
+			return jerr
+		}
+	} else {
+		for _, s := range servers {
+			fsync := s.AppendFsync
+			if fsync == "" {
+				fsync = "unknown"
+			}
+			if s.Version == "" {
+				out.printf("%s:\n", s.Addr) // unreachable, or INFO refused: the problems and notes say
+			} else {
+				out.printf("%s: Redis %s, %s, maxmemory-policy %s, appendonly %v (appendfsync %s), %d replicas\n",
+					s.Addr, s.Version, s.Role, s.MaxMemoryPolicy, yesNo(s.AppendOnly), fsync, s.Replicas)
+			}
+			for _, p := range s.Problems {
+				out.printf("  PROBLEM: %s\n", p)
+			}
+			for _, n := range s.Notes {
+				out.printf("  note: %s\n", n)
+			}
+		}
+	}
+	if err != nil {
+		n := 0
+		for _, s := range servers {
+			n += len(s.Problems)
+		}
+		return fmt.Errorf("check found %d problems:\n%w", n, err)
+	}
+	out.printf("ok: no problems\n")
+	return nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

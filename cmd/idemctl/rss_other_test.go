@@ -1,0 +1,8 @@
+//go:build !linux
+
+package main
+
+import "os"
+
+// maxRSS is unknown here.
+func maxRSS(*os.ProcessState) int64 { return 0 }

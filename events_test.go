@@ -1,0 +1,504 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Every kind of event, each provoked on a real redis-server.
+
+// recorder is an Observer that keeps every event.
+type recorder struct {
+	mu     sync.Mutex
+	events []idem.Event
+}
+
+func (r *recorder) Observe(_ context.Context, e idem.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+// take returns the events so far and forgets them.
+func (r *recorder) take() []idem.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ev := r.events
+	r.events = nil
+	return ev
+}
+
+// kinds is the kinds of events, in order, as "waited,replayed".
+func kinds(ev []idem.Event) string {
+	var s []string
+	for _, e := range ev {
+		s = append(s, e.Kind.String())
+	}
+	return strings.Join(s, ",")
+}
+
+var testSecret = []byte("0123456789abcdef-event-secret")
+
+// observed returns a Client on b whose events go to a new recorder.
+func observed(t *testing.T, b *backend, opts ...idem.Option) (*idem.Client, *recorder) {
+	t.Helper()
+	r := &recorder{}
+	c := b.idem(t, append([]idem.Option{idem.WithObserver(r), idem.WithEventKeySecret(testSecret)}, opts...)...)
+	return c, r
+}
+
+// mustKinds fails the test unless ev has the kinds want.
+func mustKinds(t *testing.T, ev []idem.Event, want string) {
+	t.Helper()
+	if got := kinds(ev); got != want {
+		t.Fatalf("events %s (%+v), want %s", got, ev, want)
+	}
+}
+
+func TestEventExecutedAndReplayed(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c, r := observed(t, b)
+	ctx := context.Background()
+	var l ledger
+	var info idem.CallInfo
+	if _, err := c.Do(idem.WithCallInfo(ctx, &info), "order-1", "fp", l.fn("ok")); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.take()
+	mustKinds(t, ev, "executed")
+	e := ev[0]
+	if e.Attempt != 1 || e.Err != nil || e.Duration <= 0 || e.Owned <= 0 || e.Owned > e.Duration || e.Wait != 0 {
+		t.Fatalf("executed: %+v", e)
+	}
+	if want := idem.EventKeyDigest(testSecret, "order-1"); e.Key != want || len(e.Key) != 32 || e.RawKey != "" {
+		t.Fatalf("key %q, raw %q; want the digest %q and no raw key", e.Key, e.RawKey, want)
+	}
+	if !info.Ran() || info.Replayed() || info.Outcome != idem.EventExecuted || info.Attempt != 1 {
+		t.Fatalf("CallInfo of the first call: %+v", info)
+	}
+
+	info = idem.CallInfo{}
+	if _, err := c.Do(idem.WithCallInfo(ctx, &info), "order-1", "fp", l.fn("again")); err != nil {
+		t.Fatal(err)
+	}
+	ev = r.take()
+	mustKinds(t, ev, "replayed")
+	if ev[0].Err != nil || ev[0].Owned != 0 || ev[0].Key != e.Key {
+		t.Fatalf("replayed: %+v", ev[0])
+	}
+	if info.Ran() || !info.Replayed() {
+		t.Fatalf("CallInfo of the replay: %+v", info)
+	}
+	if n := l.count("order-1"); n != 1 {
+		t.Fatalf("fn ran %d times", n)
+	}
+}
+
+// A CallInfo needs no observer, and calls inside fn do not fill it in.
+func TestCallInfoWithoutObserver(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c := b.idem(t)
+	ctx := context.Background()
+	var outer idem.CallInfo
+	_, err := c.Do(idem.WithCallInfo(ctx, &outer), "outer", "", func(ctx context.Context) ([]byte, error) {
+		if _, err := c.Do(ctx, "inner", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+			return nil, err
+		}
+		// The inner key is done: a replay inside fn must not mark the
+		// outer call as replayed.
+		return c.Do(ctx, "inner", "", func(context.Context) ([]byte, error) { return nil, nil })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outer.Outcome != idem.EventExecuted || !outer.Ran() {
+		t.Fatalf("outer CallInfo: %+v", outer)
+	}
+	var again idem.CallInfo
+	if _, err := c.Do(idem.WithCallInfo(ctx, &again), "outer", "", nil); err == nil {
+		t.Fatal("a nil fn was accepted")
+	}
+	if again.Outcome != idem.EventError {
+		t.Fatalf("nil fn: CallInfo %+v, want an error outcome", again)
+	}
+}
+
+func TestEventRawKeys(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c, r := observed(t, b, idem.WithRawEventKeys(true))
+	if _, err := c.Do(context.Background(), "k\x00{}", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.take()
+	if len(ev) != 1 || ev[0].RawKey != "k\x00{}" || ev[0].Key != idem.EventKeyDigest(testSecret, "k\x00{}") {
+		t.Fatalf("events %+v", ev)
+	}
+}
+
+func TestEventConflict(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c, r := observed(t, b)
+	ctx := context.Background()
+	var l ledger
+	if _, err := c.Do(ctx, "k", "amount=1", l.fn("ok")); err != nil {
+		t.Fatal(err)
+	}
+	r.take()
+	_, err := c.Do(ctx, "k", "amount=2", l.fn("other"))
+	ev := r.take()
+	mustKinds(t, ev, "conflict")
+	if !errors.Is(err, idem.ErrConflict) || !errors.Is(ev[0].Err, idem.ErrConflict) {
+		t.Fatalf("Do: %v; event: %+v", err, ev[0])
+	}
+}
+
+// A waiter in another Client waits for the owner, then replays its result;
+// one that runs out of wait gets ErrInProgress.
+func TestEventWaitedAndInProgress(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	owner := b.idem(t)
+	waiter, r := observed(t, b, idem.WithWait(wakeBudget))
+	var l ledger
+	finish, done := startOwner(t, owner, "k", &l)
+
+	short, rs := observed(t, b, idem.WithWait(100*time.Millisecond))
+	_, err := short.Do(context.Background(), "k", "fp", l.fn("never"))
+	ev := rs.take()
+	mustKinds(t, ev, "waited,in_progress")
+	if !errors.Is(err, idem.ErrInProgress) || !errors.Is(ev[1].Err, idem.ErrInProgress) {
+		t.Fatalf("Do: %v; events %+v", err, ev)
+	}
+	if ev[0].Attempt != 1 || ev[1].Attempt != 1 || ev[0].Wait < 50*time.Millisecond || ev[1].Wait != ev[0].Wait {
+		t.Fatalf("in progress: events %+v; want attempt 1 and the wait (about 100ms) on both", ev)
+	}
+
+	out := waitFor(waiter, "k", &l)
+	awaitSubscribed(t, waiter)
+	const held = 50 * time.Millisecond
+	time.Sleep(held)
+	finish("ok", nil)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := <-out; got[1] != nil || got[0] != "ok" {
+		t.Fatalf("waiter: %v", got)
+	}
+	ev = r.take()
+	mustKinds(t, ev, "waited,replayed")
+	if ev[0].Attempt != 1 || ev[0].Wait < held || ev[1].Wait != ev[0].Wait || ev[1].Duration < ev[1].Wait {
+		t.Fatalf("waited: %+v", ev)
+	}
+}
+
+// A duplicate in the same process waits for the leader's call and shares
+// its result: for it, a wait and a replay.
+func TestEventInProcessDuplicate(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c, r := observed(t, b)
+	var l ledger
+	finish, done := startOwner(t, c, "k", &l)
+	var info idem.CallInfo
+	out := make(chan error, 1)
+	go func() {
+		_, err := c.Do(idem.WithCallInfo(context.Background(), &info), "k", "fp", l.fn("never"))
+		out <- err
+	}()
+	eventually(t, 10*time.Second, "the duplicate to join the flight", func() bool { return idem.HasFollower(c, "k") })
+	time.Sleep(5 * time.Millisecond) // some wait to measure
+	finish("ok", nil)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-out; err != nil {
+		t.Fatal(err)
+	}
+	ev := r.take()
+	// The owner's executed and the duplicate's waited and replayed, in an
+	// order that the two goroutines decide.
+	var got []string
+	for _, e := range ev {
+		got = append(got, e.Kind.String())
+	}
+	if s := strings.Join(got, ","); s != "executed,waited,replayed" && s != "waited,replayed,executed" && s != "waited,executed,replayed" {
+		t.Fatalf("events %s", s)
+	}
+	if !info.Replayed() || info.Wait <= 0 {
+		t.Fatalf("duplicate's CallInfo %+v", info)
+	}
+}
+
+// The owner of attempt 1 is gone (its lease ended): the next call takes
+// over as attempt 2.
+func TestEventTookOver(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c, r := observed(t, b)
+	ttl := 24 * time.Hour
+	b.do(t, "SET", idem.RecordKey(c, "k"), inProgress("gone-owner", 1, ttl, 0), "PX", ttl.Milliseconds())
+	var l ledger
+	if _, err := c.Do(context.Background(), "k", "", l.fn("ok")); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.take()
+	mustKinds(t, ev, "took_over,executed")
+	if ev[0].Attempt != 2 || ev[1].Attempt != 2 || ev[0].Duration > ev[1].Duration {
+		t.Fatalf("events %+v", ev)
+	}
+}
+
+// The lease is lost while fn runs: a newer owner's record replaced the
+// claim. Whether fn finishes regardless (its completion is refused) or
+// gives up when its context ends (the renewal found the newer owner), the
+// outcome is lease_lost.
+func TestEventLeaseLost(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	ttl := 24 * time.Hour
+	newer := inProgress("newer-owner", 2, ttl, time.Hour)
+
+	t.Run("completion refused", func(t *testing.T) {
+		c, r := observed(t, b)
+		_, err := c.Do(context.Background(), "k1", "", func(ctx context.Context) ([]byte, error) {
+			b.do(t, "SET", idem.RecordKey(c, "k1"), newer, "PX", ttl.Milliseconds())
+			return []byte("late"), nil
+		})
+		ev := r.take()
+		mustKinds(t, ev, "lease_lost")
+		if !errors.Is(err, idem.ErrLeaseLost) || !errors.Is(ev[0].Err, idem.ErrLeaseLost) || ev[0].Attempt != 1 || ev[0].Owned <= 0 {
+			t.Fatalf("Do: %v; event %+v", err, ev[0])
+		}
+	})
+
+	t.Run("renewal finds a newer owner", func(t *testing.T) {
+		c, r := observed(t, b, idem.WithLease(300*time.Millisecond), idem.WithRetention(time.Hour))
+		_, err := c.Do(context.Background(), "k2", "", func(ctx context.Context) ([]byte, error) {
+			b.do(t, "SET", idem.RecordKey(c, "k2"), newer, "PX", ttl.Milliseconds())
+			<-ctx.Done() // the renewal, a third of a lease on, cancels it
+			return nil, context.Cause(ctx)
+		})
+		ev := r.take()
+		mustKinds(t, ev, "lease_lost")
+		if !errors.Is(err, idem.ErrLeaseLost) || ev[0].Attempt != 1 {
+			t.Fatalf("Do: %v; event %+v", err, ev[0])
+		}
+	})
+}
+
+func TestEventReleasedAndFailed(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c, r := observed(t, b, idem.WithMaxResultSize(10))
+	ctx := context.Background()
+	boom := errors.New("downstream said no")
+
+	_, err := c.Do(ctx, "k", "", func(context.Context) ([]byte, error) { return nil, boom })
+	ev := r.take()
+	mustKinds(t, ev, "released")
+	if !errors.Is(err, boom) || ev[0].Err != err || ev[0].Attempt != 1 {
+		t.Fatalf("Do: %v; event %+v", err, ev[0])
+	}
+
+	// A panic is released too; the event says the call did not return.
+	var info idem.CallInfo
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic did not reach the caller")
+			}
+		}()
+		_, _ = c.Do(idem.WithCallInfo(ctx, &info), "k", "", func(context.Context) ([]byte, error) { panic("fn broke") })
+	}()
+	ev = r.take()
+	mustKinds(t, ev, "took_over,released")
+	if ev[1].Attempt != 2 || ev[1].Err == nil || !strings.Contains(ev[1].Err.Error(), "panicked") || info.Outcome != idem.EventReleased {
+		t.Fatalf("panic: events %+v, CallInfo %+v", ev, info)
+	}
+
+	_, err = c.Do(ctx, "p", "", func(context.Context) ([]byte, error) { return nil, idem.Permanent(boom) })
+	ev = r.take()
+	mustKinds(t, ev, "failed")
+	if !errors.Is(ev[0].Err, boom) || err == nil {
+		t.Fatalf("Do: %v; event %+v", err, ev[0])
+	}
+	_, err = c.Do(ctx, "p", "", func(context.Context) ([]byte, error) { return nil, nil })
+	ev = r.take()
+	mustKinds(t, ev, "replayed")
+	var se *idem.StoredError
+	if !errors.As(ev[0].Err, &se) || !errors.As(err, &se) {
+		t.Fatalf("replayed failure: Do %v; event %+v", err, ev[0])
+	}
+
+	_, err = c.Do(ctx, "big", "", func(context.Context) ([]byte, error) { return make([]byte, 11), nil })
+	ev = r.take()
+	mustKinds(t, ev, "failed")
+	if !errors.Is(err, idem.ErrTooLarge) || !errors.Is(ev[0].Err, idem.ErrTooLarge) {
+		t.Fatalf("too large: Do %v; event %+v", err, ev[0])
+	}
+}
+
+// Every completion is cut off before it reaches Redis: fn ran, and its
+// outcome is not recorded.
+func TestEventNotRecorded(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	faultLoadScripts(t, b)
+	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "complete"), Action: faultconn.CloseBefore})
+	r := &recorder{}
+	c := faultyClient(t, b, in, nil, idem.WithObserver(r), idem.WithStoreTimeout(200*time.Millisecond))
+	var l ledger
+	_, err := c.Do(context.Background(), "k", "fp", l.fn("ok"))
+	ev := r.take()
+	mustKinds(t, ev, "not_recorded")
+	if !errors.Is(err, idem.ErrNotRecorded) || !errors.Is(ev[0].Err, idem.ErrNotRecorded) || ev[0].Attempt != 1 {
+		t.Fatalf("Do: %v; event %+v", err, ev[0])
+	}
+}
+
+func TestEventError(t *testing.T) {
+	ctx := context.Background()
+	t.Run("unreachable", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		_ = l.Close() // nothing listens there now
+		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		defer rdb.Close()
+		r := &recorder{}
+		c := idem.New(rdb, idem.WithObserver(r), idem.WithLogger(nil))
+		defer c.Close()
+		var led ledger
+		_, err = c.Do(ctx, "k", "", led.fn("never"))
+		ev := r.take()
+		mustKinds(t, ev, "error")
+		if err == nil || ev[0].Err != err || led.count("k") != 0 {
+			t.Fatalf("Do: %v; event %+v", err, ev[0])
+		}
+	})
+	t.Run("corrupt record and bad key", func(t *testing.T) {
+		b := newRedis(t, redistest.Config{})
+		c, r := observed(t, b)
+		b.do(t, "SET", idem.RecordKey(c, "k"), "garbage")
+		_, err := c.Do(ctx, "k", "", func(context.Context) ([]byte, error) { return nil, nil })
+		ev := r.take()
+		mustKinds(t, ev, "error")
+		if !errors.Is(err, idem.ErrCorrupt) || !errors.Is(ev[0].Err, idem.ErrCorrupt) {
+			t.Fatalf("Do: %v; event %+v", err, ev[0])
+		}
+		_, err = c.Do(ctx, "", "", func(context.Context) ([]byte, error) { return nil, nil })
+		ev = r.take()
+		mustKinds(t, ev, "error")
+		if !errors.Is(ev[0].Err, idem.ErrInvalidKey) || !errors.Is(err, idem.ErrInvalidKey) {
+			t.Fatalf("Do: %v; event %+v", err, ev[0])
+		}
+	})
+}
+
+// spanKey stands for a tracer's span in a context.
+type spanKey struct{}
+
+// starter is a CallStarter: what it puts in the call's context reaches fn
+// and the observer.
+type starter struct {
+	recorder
+	seen []any
+}
+
+func (s *starter) StartCall(ctx context.Context) context.Context {
+	return context.WithValue(ctx, spanKey{}, "span")
+}
+
+func (s *starter) Observe(ctx context.Context, e idem.Event) {
+	s.recorder.Observe(ctx, e)
+	s.mu.Lock()
+	s.seen = append(s.seen, ctx.Value(spanKey{}))
+	s.mu.Unlock()
+}
+
+func TestCallStarter(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	s := &starter{}
+	c := b.idem(t, idem.WithObserver(s))
+	var inFn any
+	_, err := c.Do(context.Background(), "k", "", func(ctx context.Context) ([]byte, error) {
+		inFn = ctx.Value(spanKey{})
+		return nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inFn != "span" || fmt.Sprint(s.seen) != "[span]" || kinds(s.take()) != "executed" {
+		t.Fatalf("fn saw %v, the observer %v", inFn, s.seen)
+	}
+}
+
+func TestEventKindNames(t *testing.T) {
+	var outcomes []string
+	for k := idem.EventKind(1); k.Outcome() || k == idem.EventWaited || k == idem.EventTookOver; k++ {
+		if k.Outcome() {
+			outcomes = append(outcomes, k.String())
+		}
+	}
+	want := "executed replayed conflict lease_lost released failed not_recorded in_progress error"
+	if got := strings.Join(outcomes, " "); got != want {
+		t.Fatalf("outcomes %q, want %q", got, want)
+	}
+	if s := idem.EventKind(200).String(); s != "EventKind(200)" {
+		t.Fatalf("unknown kind: %q", s)
+	}
+}
+
+// BenchmarkReplayObserved is BenchmarkReplay/100B/idem with an observer
+// that does nothing, and with a CallInfo: what taking notes costs a call.
+func BenchmarkReplayObserved(b *testing.B) {
+	srv := benchRedis(b)
+	ctx := context.Background()
+	fn := benchResultFn(benchPayload(100))
+	for _, tc := range []struct {
+		name string
+		opts []idem.Option
+		ctx  func() context.Context
+	}{
+		{"observer", []idem.Option{idem.WithObserver(idem.ObserverFunc(func(context.Context, idem.Event) {}))}, func() context.Context { return ctx }},
+		{"callinfo", nil, func() context.Context { return idem.WithCallInfo(ctx, new(idem.CallInfo)) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := benchIdem(b, srv.addr, tc.opts...)
+			if _, err := c.Do(ctx, "replay-observed", benchFingerprint, fn); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.Do(tc.ctx(), "replay-observed", benchFingerprint, fn); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func TestLogObserver(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	var buf syncBuffer
+	l := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c := b.idem(t, idem.WithObserver(idem.LogObserver(l)))
+	ttl := 24 * time.Hour
+	b.do(t, "SET", idem.RecordKey(c, "secret-order-77"), inProgress("gone-owner", 1, ttl, 0), "PX", ttl.Milliseconds())
+	if _, err := c.Do(context.Background(), "secret-order-77", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	got := buf.String()
+	if !strings.Contains(got, "level=WARN") || !strings.Contains(got, `msg="idem: took over"`) || !strings.Contains(got, "attempt=2") ||
+		strings.Contains(got, "executed") || strings.Contains(got, "secret-order-77") {
+		t.Fatalf("log: %q; want the takeover at WARN, no executed record at DEBUG, no raw key", got)
+	}
+}

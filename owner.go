@@ -71,7 +71,11 @@ func (c *Client) complete(ctx context.Context, keys []string, claimed, record []
 			// than WAIT just did.
 			return fmt.Errorf("%w: %w", ErrNotRecorded, err)
 		}
-		lastErr = err
+		// Keep the server's word over the deadline's: an OOM is the cause
+		// worth naming, even when the last try was cut by the timeout.
+		if lastErr == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+			lastErr = err
+		}
 		t := time.NewTimer(pause)
 		select {
 		case <-dctx.Done():

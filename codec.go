@@ -294,6 +294,7 @@ type fieldSet struct {
 }
 
 type storedField struct {
+	pos    int    // in fieldSet.list
 	name   string // as stored
 	goName string // for messages
 	index  []int  // for reflect.Value.FieldByIndex
@@ -316,6 +317,7 @@ func structFields(t reflect.Type) (*fieldSet, error) {
 	err := fs.add(t, nil)
 	if err == nil {
 		for i := range fs.list {
+			fs.list[i].pos = i
 			fs.byName[fs.list[i].name] = &fs.list[i]
 		}
 		for i := range fs.list { // aliases, which add checked for clashes
@@ -550,8 +552,9 @@ func (w *valueWalker) walk(v reflect.Value, path string, depth int) error {
 // strictly: anything that would not give back the stored value exactly is
 // an error that says where.
 type decoder struct {
-	d *msgpack.Decoder
-	r *bytes.Reader // what d reads, to bound lengths by the bytes left
+	d    *msgpack.Decoder
+	r    *bytes.Reader // what d reads, to bound lengths by the bytes left
+	name []byte        // the field name being read, reused
 }
 
 // value decodes the next stored value into the addressable zero value v.
@@ -739,7 +742,15 @@ func (d *decoder) structure(v reflect.Value, c byte, depth int) error {
 	if err != nil {
 		return err
 	}
-	seen := make(map[*storedField]bool, n)
+	var (
+		seenSmall [16]bool
+		seen      []bool // by field position: a field stored twice is an error
+	)
+	if len(fields.list) <= len(seenSmall) {
+		seen = seenSmall[:len(fields.list)]
+	} else {
+		seen = make([]bool, len(fields.list))
+	}
 	for range n {
 		c, err := d.d.PeekCode()
 		if err != nil {
@@ -748,18 +759,25 @@ func (d *decoder) structure(v reflect.Value, c byte, depth int) error {
 		if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
 			return fmt.Errorf("%s: a field name stored as %s", t, codeName(c))
 		}
-		name, err := d.bytes()
+		n, err := d.d.DecodeBytesLen()
 		if err != nil {
 			return err
 		}
-		f := fields.byName[string(name)]
-		if f == nil {
-			return fmt.Errorf("stored field %q is not in %s (renamed or removed?)", name, t)
+		if n < 0 || n > d.r.Len() {
+			return fmt.Errorf("a field name of %d bytes, %d left", n, d.r.Len())
 		}
-		if seen[f] {
+		d.name = append(d.name[:0], make([]byte, n)...)
+		if err := d.d.ReadFull(d.name); err != nil {
+			return err
+		}
+		f := fields.byName[string(d.name)]
+		if f == nil {
+			return fmt.Errorf("stored field %q is not in %s (renamed or removed?)", d.name, t)
+		}
+		if seen[f.pos] {
 			return fmt.Errorf("field %s of %s stored twice", f.goName, t)
 		}
-		seen[f] = true
+		seen[f.pos] = true
 		if err := d.value(v.FieldByIndex(f.index), depth+1); err != nil {
 			return fmt.Errorf(".%s: %w", f.goName, err)
 		}

@@ -231,10 +231,10 @@ func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(contex
 
 // Do is the typed form of Client.Do: the result of fn is stored encoded
 // with msgpack and decoded for every replay. The owner gets fn's value as
-// it returned it; a replay gets the stored copy, equal to it (as
-// reflect.DeepEqual sees it, nil and empty slices and maps apart), or an
-// error wrapping ErrDecode that names the key and the type, never a zero
-// or partial value.
+// it returned it; a replay gets the stored copy, equal to it as
+// reflect.DeepEqual sees it (nil and empty slices told apart; times and
+// marshaled types as said below), or an error wrapping ErrDecode that
+// names the key and the type, never a zero or partial value.
 //
 // What round-trips: booleans, numbers, strings, byte slices and arrays,
 // slices, arrays, maps, pointers and structs of these, by exported field

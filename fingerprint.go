@@ -5,47 +5,118 @@ package idem
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding"
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"math"
 	"reflect"
 	"slices"
+	"sync"
 	"time"
+	"unsafe"
 )
 
 // Fingerprint returns a stable digest of an operation's parameters, to pass
 // to Do: calls with equal parts get equal fingerprints, in any process and
-// run. Maps are hashed in sorted key order; structs by their exported
-// fields in order; pointers by what they point to; time.Time by its instant
-// (not its location). Values of other kinds (funcs, channels) are hashed by
-// their type only. Only the digest is ever stored, never the raw values.
+// run, and parts that differ in any of the ways below get different ones.
+// Only the digest is ever stored, never the raw values.
+//
+// Each part is hashed as a tagged, length-delimited encoding of:
+//
+//   - time.Time: its instant (Unix seconds and nanoseconds), not its
+//     location or monotonic reading.
+//   - A value whose type, or a pointer to it, implements
+//     encoding.BinaryMarshaler: its type's name and MarshalBinary's bytes;
+//     else, if it implements encoding.TextMarshaler: its type's name and
+//     MarshalText's bytes. So big.Int, big.Float, big.Rat, netip.Addr,
+//     url.URL and decimal types are hashed by their value, not their
+//     internal representation. A marshaler that fails or panics is
+//     skipped for the structure below, with a tag of its own.
+//   - Booleans; integers by value, signed and unsigned apart but whatever
+//     their size (int8(1) and int64(1) are equal); floats and complex
+//     numbers by the IEEE 754 bits of their float64 form (0 and -0
+//     differ); strings and byte slices or arrays by their bytes, apart.
+//   - Slices and arrays element by element (a nil slice equals an empty
+//     one); maps entry by entry, in the order of their keys' encodings (a
+//     nil map equals an empty one).
+//   - Structs: the type's name, then every field, exported or not, by name
+//     and value in declaration order. Structs of the packages sync and
+//     sync/atomic (mutexes, Once, counters) are hashed by their type's name
+//     only: their state is not a parameter.
+//   - Pointers and interfaces by what they point to; nil has a tag of its
+//     own.
+//   - A pointer, map or slice met again inside itself (a cyclic value) by a
+//     reference to the enclosing one it repeats (how many such levels up),
+//     so a cyclic value has a fingerprint like any other.
+//   - Funcs, channels and unsafe pointers by their type's name only.
+//
+// Fingerprints are part of the stored records: a change of the
+// fingerprint of any value is a breaking change, as a retry after the
+// upgrade would get ErrConflict. Values of types without marshalers and
+// with exported fields only have the fingerprints they had before
+// Fingerprint read unexported fields and marshalers.
 func Fingerprint(parts ...any) string {
 	var b bytes.Buffer
+	e := fpEncoder{b: &b}
 	for _, p := range parts {
-		encodeValue(&b, reflect.ValueOf(p))
+		e.value(addressable(reflect.ValueOf(p)))
 	}
 	sum := sha256.Sum256(b.Bytes())
 	return hex.EncodeToString(sum[:16])
 }
 
-var timeType = reflect.TypeFor[time.Time]()
+// fpEncoder writes the canonical encoding of values: a kind tag, then the
+// value, with lengths before variable-size parts. Every value it is handed
+// is addressable and readable (see field), so that marshalers with pointer
+// receivers and unexported state can be reached.
+type fpEncoder struct {
+	b *bytes.Buffer
+	// path holds the pointers, maps and slices being encoded, outermost
+	// first; on holds their positions in path, to find a cycle at once.
+	path []fpRef
+	on   map[fpRef]int
+}
 
-// encodeValue writes a canonical, self-delimiting encoding of v: a kind tag,
-// then the value, with lengths before variable-size parts.
-func encodeValue(b *bytes.Buffer, v reflect.Value) {
+// fpRef identifies a pointer, map or slice on the path: where it points,
+// its type and, for a slice, its length.
+type fpRef struct {
+	p   uintptr
+	t   reflect.Type
+	len int
+}
+
+var (
+	timeType = reflect.TypeFor[time.Time]()
+	binaryM  = reflect.TypeFor[encoding.BinaryMarshaler]()
+	textM    = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// value writes v, which is invalid (a nil part) or addressable.
+func (e *fpEncoder) value(v reflect.Value) {
+	b := e.b
 	if !v.IsValid() {
 		b.WriteByte('0')
 		return
 	}
-	if v.Type() == timeType {
-		t := v.Interface().(time.Time)
+	t := v.Type()
+	if t == timeType {
+		tm := v.Interface().(time.Time)
 		b.WriteByte('T')
-		writeUint(b, uint64(t.Unix()))
-		writeUint(b, uint64(t.Nanosecond()))
+		writeUint(b, uint64(tm.Unix()))
+		writeUint(b, uint64(tm.Nanosecond()))
 		return
 	}
-	switch v.Kind() {
+	if m := marshalerOf(t); m != noMarshaler {
+		if data, ok := marshal(v, m); ok {
+			b.WriteByte(m.tag())
+			writeBytes(b, []byte(t.String()))
+			writeBytes(b, data)
+			return
+		}
+		b.WriteByte('!')
+		writeBytes(b, []byte(t.String()))
+	}
+	switch t.Kind() {
 	case reflect.Bool:
 		if v.Bool() {
 			b.WriteString("b1")
@@ -69,55 +140,200 @@ func encodeValue(b *bytes.Buffer, v reflect.Value) {
 		b.WriteByte('s')
 		writeBytes(b, []byte(v.String()))
 	case reflect.Slice, reflect.Array:
-		if v.Type().Elem().Kind() == reflect.Uint8 {
+		if t.Elem().Kind() == reflect.Uint8 {
 			b.WriteByte('B')
 			by := make([]byte, v.Len())
 			reflect.Copy(reflect.ValueOf(by), v)
 			writeBytes(b, by)
 			return
 		}
+		if t.Kind() == reflect.Slice && v.Len() > 0 {
+			if !e.enter(fpRef{p: v.Pointer(), t: t, len: v.Len()}) {
+				return
+			}
+			defer e.leave()
+		}
 		b.WriteByte('l')
 		writeUint(b, uint64(v.Len()))
 		for i := range v.Len() {
-			encodeValue(b, v.Index(i))
+			e.value(v.Index(i))
 		}
 	case reflect.Map:
-		b.WriteByte('m')
-		writeUint(b, uint64(v.Len()))
-		type entry struct{ k, v []byte }
-		entries := make([]entry, 0, v.Len())
-		it := v.MapRange()
-		for it.Next() {
-			var kb, vb bytes.Buffer
-			encodeValue(&kb, it.Key())
-			encodeValue(&vb, it.Value())
-			entries = append(entries, entry{kb.Bytes(), vb.Bytes()})
+		if v.Len() > 0 {
+			if !e.enter(fpRef{p: v.Pointer(), t: t}) {
+				return
+			}
+			defer e.leave()
 		}
-		slices.SortFunc(entries, func(x, y entry) int { return bytes.Compare(x.k, y.k) })
-		for _, e := range entries {
-			b.Write(e.k)
-			b.Write(e.v)
-		}
+		e.mapEntries(v)
 	case reflect.Struct:
-		t := v.Type()
 		b.WriteByte('S')
 		writeBytes(b, []byte(t.String()))
-		for i := range t.NumField() {
-			if f := t.Field(i); f.IsExported() {
-				writeBytes(b, []byte(f.Name))
-				encodeValue(b, v.Field(i))
-			}
+		if pkg := t.PkgPath(); pkg == "sync" || pkg == "sync/atomic" {
+			return
 		}
-	case reflect.Pointer, reflect.Interface:
+		for i := range t.NumField() {
+			writeBytes(b, []byte(t.Field(i).Name))
+			e.value(readField(v, i))
+		}
+	case reflect.Pointer:
 		if v.IsNil() {
 			b.WriteByte('0')
 			return
 		}
-		encodeValue(b, v.Elem())
+		if !e.enter(fpRef{p: v.Pointer(), t: t}) {
+			return
+		}
+		defer e.leave()
+		e.value(v.Elem())
+	case reflect.Interface:
+		if v.IsNil() {
+			b.WriteByte('0')
+			return
+		}
+		e.value(addressable(v.Elem()))
 	default:
 		b.WriteByte('?')
-		writeBytes(b, []byte(fmt.Sprint(v.Type())))
+		writeBytes(b, []byte(t.String()))
 	}
+}
+
+// mapEntries writes the entries of map v, sorted by their keys' encodings.
+func (e *fpEncoder) mapEntries(v reflect.Value) {
+	e.b.WriteByte('m')
+	writeUint(e.b, uint64(v.Len()))
+	type entry struct{ k, v []byte }
+	entries := make([]entry, 0, v.Len())
+	outer := e.b
+	it := v.MapRange()
+	for it.Next() {
+		var kb, vb bytes.Buffer
+		e.b = &kb
+		e.value(addressable(it.Key()))
+		e.b = &vb
+		e.value(addressable(it.Value()))
+		entries = append(entries, entry{kb.Bytes(), vb.Bytes()})
+	}
+	e.b = outer
+	// By key; by value too, for keys that encode alike (NaNs).
+	slices.SortFunc(entries, func(x, y entry) int {
+		if c := bytes.Compare(x.k, y.k); c != 0 {
+			return c
+		}
+		return bytes.Compare(x.v, y.v)
+	})
+	for _, en := range entries {
+		e.b.Write(en.k)
+		e.b.Write(en.v)
+	}
+}
+
+// enter puts r on the path and reports true, or, when r is on the path
+// already (a cycle), writes a reference to it and reports false.
+func (e *fpEncoder) enter(r fpRef) bool {
+	if i, ok := e.on[r]; ok {
+		e.b.WriteByte('R')
+		writeUint(e.b, uint64(len(e.path)-i))
+		return false
+	}
+	if e.on == nil {
+		e.on = make(map[fpRef]int)
+	}
+	e.on[r] = len(e.path)
+	e.path = append(e.path, r)
+	return true
+}
+
+// leave takes the innermost entry off the path.
+func (e *fpEncoder) leave() {
+	r := e.path[len(e.path)-1]
+	e.path = e.path[:len(e.path)-1]
+	delete(e.on, r)
+}
+
+// readField returns field i of the addressable struct v, readable even when
+// the field is unexported: Fingerprint hashes a value's whole state.
+func readField(v reflect.Value, i int) reflect.Value {
+	f := v.Field(i)
+	if f.CanInterface() {
+		return f
+	}
+	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem()
+}
+
+// addressable returns v, or an addressable copy of it.
+func addressable(v reflect.Value) reflect.Value {
+	if !v.IsValid() || v.CanAddr() {
+		return v
+	}
+	c := reflect.New(v.Type()).Elem()
+	c.Set(v)
+	return c
+}
+
+// fpMarshaler is how Fingerprint hashes a type: by a marshaler of the type
+// itself or of a pointer to it, or by its structure.
+type fpMarshaler uint8
+
+const (
+	noMarshaler fpMarshaler = iota
+	binaryValue
+	binaryPointer
+	textValue
+	textPointer
+)
+
+func (m fpMarshaler) tag() byte {
+	if m == binaryValue || m == binaryPointer {
+		return 'M'
+	}
+	return 'X'
+}
+
+var fpMarshalers sync.Map // reflect.Type -> fpMarshaler
+
+// marshalerOf returns the marshaler that Fingerprint uses for t.
+func marshalerOf(t reflect.Type) fpMarshaler {
+	if m, ok := fpMarshalers.Load(t); ok {
+		return m.(fpMarshaler)
+	}
+	m := noMarshaler
+	if k := t.Kind(); k != reflect.Pointer && k != reflect.Interface {
+		pt := reflect.PointerTo(t)
+		switch {
+		case t.Implements(binaryM):
+			m = binaryValue
+		case pt.Implements(binaryM):
+			m = binaryPointer
+		case t.Implements(textM):
+			m = textValue
+		case pt.Implements(textM):
+			m = textPointer
+		}
+	}
+	fpMarshalers.Store(t, m)
+	return m
+}
+
+// marshal returns what marshaler m makes of the addressable v; false if
+// it fails or panics.
+func marshal(v reflect.Value, m fpMarshaler) (data []byte, ok bool) {
+	defer func() {
+		if recover() != nil {
+			data, ok = nil, false
+		}
+	}()
+	if m == binaryPointer || m == textPointer {
+		v = v.Addr()
+	}
+	var err error
+	switch m {
+	case binaryValue, binaryPointer:
+		data, err = v.Interface().(encoding.BinaryMarshaler).MarshalBinary()
+	default:
+		data, err = v.Interface().(encoding.TextMarshaler).MarshalText()
+	}
+	return data, err == nil
 }
 
 func writeUint(b *bytes.Buffer, x uint64) {

@@ -372,7 +372,8 @@ func newRecordEnv(tb testing.TB, real bool) *recordEnv {
 //   - malformed (see readString), or not a string at all (a hash, a
 //     list): ErrCorrupt, fn not run, and Status fails too;
 //   - another fingerprint: ErrConflict, fn not run;
-//   - done: the stored result; failed: a *StoredError with the message;
+//   - done: the stored result; failed: a *StoredError with the message
+//     and code that the payload holds (see readFailure);
 //   - in progress with a live lease (a mark well below recordTTL):
 //     ErrInProgress (Do does not wait here);
 //   - released (whatever its mark), in progress with an ended lease (a
@@ -540,7 +541,7 @@ func (env *recordEnv) check(t *testing.T, s recordSeed) {
 		}
 	case rec.st == "f":
 		var se *StoredError
-		if len(ran) > 0 || !errors.As(err, &se) || se.Message != rec.payload {
+		if len(ran) > 0 || !errors.As(err, &se) || *se != *readFailure(rec.payload) {
 			t.Fatalf("%s: Do gave (%q, %v), ran fn %v; want the stored error", desc, got, err, ran)
 		}
 	case rec.st == "p" && !liveLease && !endedLease:

@@ -89,6 +89,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,7 +97,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Client runs idempotent operations on one Redis deployment. It is safe for
@@ -273,11 +273,46 @@ func (c *Client) do(ctx context.Context, key, fingerprint string, fn func(contex
 
 // Do is the typed form of Client.Do: the result of fn is stored encoded
 // with msgpack and decoded for every replay. The owner gets fn's value as
-// it returned it; replays get the decoded copy.
+// it returned it; a replay gets the stored copy, equal to it as
+// reflect.DeepEqual sees it (nil and empty slices told apart; times and
+// marshaled types as said below), or an error wrapping ErrDecode that
+// names the key and the type, never a zero or partial value.
+//
+// What round-trips: booleans, numbers, strings, byte slices and arrays,
+// slices, arrays, maps, pointers and structs of these, by exported field
+// (under its msgpack tag name, if any; embedded structs as msgpack inlines
+// them); time.Time, as the same instant in the local time zone (its
+// location and monotonic reading are not stored); and types with their
+// own marshaler and unmarshaler (msgpack.CustomEncoder, msgpack.Marshaler,
+// encoding.BinaryMarshaler, encoding.TextMarshaler: big.Int, big.Rat,
+// netip.Addr, url.URL, decimal types), as faithfully as their pair is.
+//
+// What is refused, with an error wrapping ErrEncode, at the first call
+// with a given T and before fn runs: interface fields (an int would come
+// back as another integer type), unexported fields and fields tagged
+// msgpack:"-" (they would come back zero), channels, funcs, complex
+// numbers, pointers to pointers, slices or maps (a pointer to nil is
+// stored as nil), map keys that hold pointers or times, and a marshaler
+// without its unmarshaler. Hold such state in a type with a marshaler, or
+// use Client.Do with bytes of your own.
+//
+// Changing T keeps stored results readable where nothing is lost: a field
+// added to T decodes as its zero value, and a number decodes into any
+// numeric type that holds it exactly. A stored field that T no longer has
+// (renamed or removed), a value that does not fit its field (300 into a
+// uint8, 1.5 into an int, -1 into a uint), or another shape is ErrDecode.
+//
+// A value of T that cannot be encoded once fn returned it (a cyclic value,
+// a marshaler that failed) finishes the key as a permanent failure
+// wrapping ErrEncode: fn has acted, so it is not run again.
 func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
 	if fn == nil {
 		return zero, errors.New("idem: Do called with a nil fn")
+	}
+	codec := codecFor(reflect.TypeFor[T]())
+	if codec.err != nil {
+		return zero, codec.err
 	}
 	var (
 		own   T
@@ -289,10 +324,10 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 			return nil, err
 		}
 		own, owned = v, true
-		b, err := msgpack.Marshal(v)
+		b, err := codec.encode(&v)
 		if err != nil {
 			// fn has acted: record the failure rather than run it again.
-			return nil, Permanent(fmt.Errorf("idem: encode result of %T: %w", v, err))
+			return nil, Permanent(fmt.Errorf("%w: key %q: %s: %v", ErrEncode, key, codec.t, err))
 		}
 		return b, nil
 	})
@@ -303,8 +338,8 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 		return zero, err
 	}
 	var v T
-	if err := msgpack.Unmarshal(b, &v); err != nil {
-		return zero, fmt.Errorf("%w: key %q: decode stored result into %T: %v", ErrCorrupt, key, v, err)
+	if err := codec.decode(b, &v); err != nil {
+		return zero, fmt.Errorf("%w: key %q: %s: %v", ErrDecode, key, codec.t, err)
 	}
 	return v, nil
 }

@@ -755,7 +755,7 @@ func TestFingerprint(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
 	same := [][2]string{
 		{idem.Fingerprint(map[string]int{"a": 1, "b": 2, "c": 3}), idem.Fingerprint(map[string]int{"c": 3, "b": 2, "a": 1})},
-		{idem.Fingerprint(params{"A", 1, "x"}), idem.Fingerprint(&params{"A", 1, "y"})},
+		{idem.Fingerprint(params{"A", 1, "x"}), idem.Fingerprint(&params{"A", 1, "x"})},
 		{idem.Fingerprint(at), idem.Fingerprint(at.In(time.FixedZone("X", 3600)))},
 		{idem.Fingerprint("acct", 100), idem.Fingerprint("acct", 100)},
 	}
@@ -768,7 +768,7 @@ func TestFingerprint(t *testing.T) {
 		idem.Fingerprint("ab", "c"), idem.Fingerprint("a", "bc"), idem.Fingerprint("abc"),
 		idem.Fingerprint(int64(1)), idem.Fingerprint(uint64(1)), idem.Fingerprint("1"),
 		idem.Fingerprint([]byte("1")), idem.Fingerprint(nil), idem.Fingerprint(),
-		idem.Fingerprint(params{"A", 1, ""}), idem.Fingerprint(params{"A", 2, ""}),
+		idem.Fingerprint(params{"A", 1, ""}), idem.Fingerprint(params{"A", 2, ""}), idem.Fingerprint(params{"A", 1, "y"}),
 		idem.Fingerprint([]int{1, 2}), idem.Fingerprint([]int{2, 1}),
 		idem.Fingerprint(map[string]int{"a": 1}), idem.Fingerprint(map[string]int{"a": 2}),
 	}

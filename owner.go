@@ -126,7 +126,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	returned = true
 	c.renewals.stop(&o.lease)
 
-	if err != nil && !errors.As(err, new(*permanentError)) {
+	if err != nil && !IsPermanent(err) {
 		c.observeRelease(fctx, key)
 		c.release(ctx, keys, token)
 		return nil, err, true
@@ -135,11 +135,11 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	var free func()
 	switch {
 	case err != nil:
-		record, free = finishedRecord('f', fp, token, n, []byte(err.Error()))
+		record, free = finishedRecord('f', fp, token, n, failurePayload(err, c.cfg.maxResultSize))
 	case len(res) > c.cfg.maxResultSize:
 		err = tooLarge(len(res), c.cfg.maxResultSize)
 		res = nil
-		record, free = finishedRecord('f', fp, token, n, []byte(err.Error()))
+		record, free = finishedRecord('f', fp, token, n, failurePayload(err, c.cfg.maxResultSize))
 	default:
 		record, free = finishedRecord('d', fp, token, n, res)
 	}

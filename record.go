@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -199,3 +200,60 @@ func finishedRecord(state byte, fp, token string, n int64, payload []byte) (reco
 var recordBufs sync.Pool
 
 const pooledRecord = 64 << 10
+
+// A failed record's payload (the tail of state 'f') is, from this version
+// on, either of
+//
+//	message                         an error without a code
+//	0x00 0x01 len(code) code message an error with a code, or a message
+//	                                that starts with 0x00
+//
+// len(code) is one byte. Earlier versions stored the message alone, and
+// lua/*.lua treat the payload as opaque bytes: readFailure reads any
+// payload that is not a well-formed coded one as a message, as before.
+const failureCoded = "\x00\x01"
+
+// minFailureSize is the least room a failure's payload gets, whatever
+// WithMaxResultSize says: enough for the code and a readable message.
+const minFailureSize = 256
+
+// failurePayload builds the payload of a failed record for err: its code
+// (see Code) and its message, cut to fit max(limit, minFailureSize) bytes
+// with a note saying so. fn has acted, so a long message is cut, never
+// refused.
+func failurePayload(err error, limit int) []byte {
+	code, msg := Code(err), err.Error()
+	if len(code) > maxCodeLen {
+		code = code[:maxCodeLen] // a StoredError made by hand
+	}
+	limit = max(limit, minFailureSize)
+	head := 0
+	if code != "" || strings.HasPrefix(msg, "\x00") {
+		head = len(failureCoded) + 1 + len(code)
+	}
+	if head+len(msg) > limit {
+		note := fmt.Sprintf(" [idem: message cut from %d bytes]", len(msg))
+		n := max(limit-head-len(note), 0)
+		for n > 0 && n < len(msg) && !utf8.RuneStart(msg[n]) {
+			n-- // not in the middle of a character
+		}
+		msg = msg[:n] + note
+	}
+	b := make([]byte, 0, head+len(msg))
+	if head > 0 {
+		b = append(b, failureCoded...)
+		b = append(b, byte(len(code)))
+		b = append(b, code...)
+	}
+	return append(b, msg...)
+}
+
+// readFailure reads the payload of a failed record (see failurePayload)
+// into the error that replays it.
+func readFailure(payload string) *StoredError {
+	if rest, ok := strings.CutPrefix(payload, failureCoded); ok && len(rest) > 0 && 1+int(rest[0]) <= len(rest) {
+		n := 1 + int(rest[0])
+		return &StoredError{Code: rest[1:n], Message: rest[n:]}
+	}
+	return &StoredError{Message: payload}
+}

@@ -110,7 +110,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 		case 'd':
 			return replyBytes(r.payload), nil, false
 		case 'f':
-			return nil, &StoredError{Message: r.payload}, false
+			return nil, readFailure(r.payload), false
 		case 'x':
 			return nil, fmt.Errorf("%w: key %q", ErrConflict, key), false
 		case 'v':

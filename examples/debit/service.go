@@ -26,16 +26,18 @@ var errBankDown = errors.New("bank: temporarily unavailable, nothing debited")
 type payment struct {
 	ID      string
 	Account string
-	Amount  int64 // in cents
+	Amount  Money
 }
 
-// A Receipt is what the service answers for a payment. Its fields are
-// exported because idem.Do stores it encoded with msgpack.
+// A Receipt is what the service answers for a payment. idem.Do stores it
+// encoded with msgpack, and refuses result types it cannot give back
+// exactly: so its fields are exported, and Amount, whose state is not,
+// is stored through its MarshalText.
 type Receipt struct {
 	// Payment is the payment's ID.
 	Payment string
-	// Amount is the amount debited, in cents.
-	Amount int64
+	// Amount is the amount debited.
+	Amount Money
 	// Attempt is the idem attempt that debited (always 1 for
 	// check-then-set, which has no attempt numbers).
 	Attempt int64
@@ -57,18 +59,18 @@ type service interface {
 // service alone achieves.
 type bank struct {
 	mu     sync.Mutex
-	ledger map[string][]int64 // guarded by mu; amounts debited, by reference
+	ledger map[string][]Money // guarded by mu; amounts debited, by reference
 }
 
 // newBank returns a bank with an empty ledger.
 func newBank() *bank {
-	return &bank{ledger: make(map[string][]int64)}
+	return &bank{ledger: make(map[string][]Money)}
 }
 
 // Debit debits amount under the reference ref. How long it takes and
 // whether the bank is down are the attempt's fate (see fateFrom), so the
 // service code reads as it would in production.
-func (b *bank) Debit(ctx context.Context, ref string, amount int64) error {
+func (b *bank) Debit(ctx context.Context, ref string, amount Money) error {
 	f := fateFrom(ctx)
 	if f.bankDown {
 		return errBankDown
@@ -105,6 +107,8 @@ type idemService struct {
 }
 
 // Pay debits p at most once per key, and replays the receipt to retries.
+// The fingerprint covers the account and the amount: a key reused for
+// another payment gets idem.ErrConflict instead of the first receipt.
 func (s *idemService) Pay(ctx context.Context, p payment) (Receipt, error) {
 	return idem.Do(ctx, s.idem, p.ID, idem.Fingerprint(p.Account, p.Amount),
 		func(ctx context.Context) (Receipt, error) {

@@ -281,7 +281,7 @@ func paymentOf(i int) payment {
 	return payment{
 		ID:      fmt.Sprintf("pay-%04d", i),
 		Account: fmt.Sprintf("acct-%02d", i%17),
-		Amount:  int64(100 + i%50*25),
+		Amount:  Cents(int64(100 + i%50*25)),
 	}
 }
 

@@ -173,7 +173,10 @@ func WithMaxKeyLen(n int) Option {
 // WithMaxResultSize sets the largest result, in bytes (after msgpack
 // encoding for the generic Do), that is stored. A larger result finishes the
 // key as a permanent failure wrapping ErrTooLarge: fn has run, so it is
-// never run again for the key. It must be positive.
+// never run again for the key. A permanent error's stored message is
+// bounded too, by the larger of n and 256 bytes: a longer one is cut, with
+// a marker saying so (the owner still gets the whole error). It must be
+// positive.
 // The default is 1 MiB.
 func WithMaxResultSize(n int) Option {
 	return func(c *config) {

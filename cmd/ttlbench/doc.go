@@ -15,7 +15,7 @@
 //	go run ./cmd/ttlbench
 //	go run ./cmd/ttlbench -rate 50 -late-share 0.001 -late-p99 12h -json
 //	go run ./cmd/ttlbench -trace requests.csv -svg tradeoff.svg
-//	go run ./cmd/ttlbench -redis localhost:6379 -ops 2000 -time-scale 600
+//	go run ./cmd/ttlbench -redis localhost:6379 -ops 2000 -time-scale 100
 //
 // # Traffic
 //
@@ -53,7 +53,10 @@
 //
 // On a real Redis (-redis ADDR), time runs -time-scale times faster than
 // the traffic's: retentions, the lease and the pauses between requests are
-// divided by it and ttlbench sleeps in real time. Each policy's keys get a
+// divided by it and ttlbench sleeps in real time. A scale that leaves the
+// lease under 250ms of real time is refused (exit 2, naming the largest
+// safe scale): on a busy machine such a lease ends before its owner
+// records the outcome. Each policy's keys get a
 // prefix of their own, and only keys with that prefix are deleted at the
 // end.
 //

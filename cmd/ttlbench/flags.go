@@ -24,6 +24,17 @@ type config struct {
 	svg    string // file to write the chart to
 }
 
+// minRealLease is the shortest lease, in real time, that a run against a
+// real Redis accepts: a claim, a request's pause and its completion must fit
+// in it on a busy machine, or the owner loses the lease mid-run.
+const minRealLease = 250 * time.Millisecond
+
+// maxTimeScale returns the largest -time-scale that leaves lease at least
+// minRealLease of real time, formatted for a message.
+func maxTimeScale(lease time.Duration) string {
+	return strconv.FormatFloat(math.Floor(float64(lease)/float64(minRealLease)*1000)/1000, 'f', -1, 64)
+}
+
 // defaultPolicies are the retentions compared when -policies is not given.
 const defaultPolicies = "1m,10m,1h,6h,24h,7d"
 
@@ -162,9 +173,10 @@ func (cfg *config) check(set map[string]bool) error {
 	case !(o.TimeScale >= 1) || math.IsInf(o.TimeScale, 0):
 		bad("time-scale", "must be at least 1, got %v", o.TimeScale)
 	case o.Redis != "":
-		if l := scaled(o.Lease, o.TimeScale); l < 10*time.Millisecond {
-			bad("time-scale", "%v makes the lease %s, below idem's minimum of 10ms; lower -time-scale or raise -lease",
-				o.TimeScale, l)
+		if l := time.Duration(float64(o.Lease) / o.TimeScale); l < minRealLease {
+			bad("time-scale", "%v leaves the lease (-lease %s) %s of real time, under the %s a lease needs to survive a "+
+				"loaded machine (the run would die mid-way with \"lease lost\"); the largest safe -time-scale is %s, or raise -lease",
+				o.TimeScale, shortDuration(o.Lease), l.Round(time.Microsecond), minRealLease, maxTimeScale(o.Lease))
 		}
 		if _, err := redisOptions(o.Redis); err != nil {
 			errs = append(errs, err)

@@ -121,7 +121,9 @@ at steady state grows with -rate: scale it.
 
 With -redis ADDR, time runs -time-scale times faster than the traffic's:
 retentions, the lease and the pauses between requests are divided by it,
-and ttlbench sleeps in real time. Its keys get a prefix of their own,
+and ttlbench sleeps in real time; a scale that leaves the lease under 250ms
+of real time is refused (a shorter lease can end under a busy machine
+before its owner records the outcome). Its keys get a prefix of their own,
 ttlbench-<random>-<n>:, and only those are deleted at the end (SCAN MATCH,
 never FLUSHDB).
 

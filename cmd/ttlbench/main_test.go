@@ -83,6 +83,45 @@ func TestBadFlagsNameTheFlag(t *testing.T) {
 	}
 }
 
+// TestTimeScaleKeepsTheLeaseSafe checks that -time-scale is refused, with
+// the largest safe value, when it leaves the lease under 250ms of real
+// time: such runs died mid-way with "lease lost" on a loaded machine.
+func TestTimeScaleKeepsTheLeaseSafe(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		ok   bool
+		max  string
+	}{
+		{[]string{"-time-scale", "120"}, true, ""}, // 30s / 120 = 250ms
+		{[]string{"-time-scale", "121"}, false, "120"},
+		{[]string{"-time-scale", "1000"}, false, "120"},
+		{[]string{"-lease", "1m", "-time-scale", "240"}, true, ""},
+		{[]string{"-lease", "1m", "-time-scale", "600"}, false, "240"},
+		{[]string{"-lease", "1s", "-policies", "1m", "-time-scale", "5"}, false, "4"},
+		{[]string{"-lease", "1100ms", "-policies", "1m", "-time-scale", "5"}, false, "4.4"},
+	} {
+		args := append([]string{"-redis", "localhost:1"}, tc.args...)
+		_, err := parseFlags(args)
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%q refused: %v", args, err)
+		case !tc.ok && err == nil:
+			t.Errorf("%q accepted; want it refused", args)
+		case !tc.ok:
+			msg := err.Error()
+			if !strings.Contains(msg, "-time-scale") || !strings.Contains(msg, "250ms") ||
+				!strings.Contains(msg, "largest safe -time-scale is "+tc.max+",") {
+				t.Errorf("%q: error %q does not name -time-scale, the 250ms floor and the largest safe value %s", args, msg, tc.max)
+			}
+		}
+	}
+	code, _, stderr := runCmd(t, "-redis", "localhost:1", "-time-scale", "1000")
+	if code != exitUsage || !strings.Contains(stderr, "120") {
+		t.Errorf("exit code %d, stderr %q; want %d and the largest safe scale, 120", code, stderr, exitUsage)
+	}
+}
+
 func TestHelp(t *testing.T) {
 	t.Parallel()
 	code, stdout, _ := runCmd(t, "-h")

@@ -215,11 +215,25 @@ func TestRealRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// At -time-scale 1000 a 30s lease lasted 30ms of real time, which a
+	// loaded machine overran ("lease lost"). Here the lease is a second of
+	// real time (1m at scale 60), four times ttlbench's floor, and the
+	// traffic spans a few minutes of virtual time: a few seconds of real
+	// time.
 	w := quick(1)
 	w.Ops, w.Rate = 60, 1
+	w.LateMedian, w.LateP99 = 90*time.Second, 3*time.Minute
 	p := w.Plan()
+	if p.Count(Late) == 0 || p.Span() > 10*time.Minute {
+		t.Fatalf("the workload has %d late redeliveries over %s; want some, within 10m", p.Count(Late), p.Span())
+	}
 	opts := quickOptions(time.Minute, 24*time.Hour)
-	opts.Redis, opts.TimeScale = addr, 1000
+	opts.Lease = time.Minute
+	opts.Redis, opts.TimeScale = addr, 60
+	cfg := &config{work: w, opts: opts}
+	if err := cfg.check(map[string]bool{"time-scale": true}); err != nil {
+		t.Fatalf("ttlbench refuses the test's own settings: %v", err)
+	}
 	rs := simulate(t, p, opts)
 	if rs[0].Duplicates == 0 || rs[1].Duplicates != 0 {
 		t.Errorf("got %d and %d duplicates for 1m and 24h; want some and none", rs[0].Duplicates, rs[1].Duplicates)

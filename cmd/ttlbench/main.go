@@ -8,13 +8,21 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sync/atomic"
+	"runtime/debug"
+	"slices"
+	"time"
 )
 
 // main runs the command until it is done or interrupted (Ctrl-C).
 func main() {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		// A big trace's plan is a few hundred MB that live to the end: let
+		// the collector run when the heap nears 1 GiB rather than when it
+		// doubles.
+		debug.SetMemoryLimit(900 << 20)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -26,8 +34,8 @@ const (
 	exitUsage = 2 // bad flags or a bad trace
 )
 
-// run is the command, with its arguments and outputs given, for tests.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// run is the command, with its arguments and streams given, for tests.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args)
 	if errors.Is(err, flag.ErrHelp) {
 		usage(stdout)
@@ -37,23 +45,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ttlbench: %v\nRun 'ttlbench -h' for usage.\n", err)
 		return exitUsage
 	}
-	plan, err := cfg.plan()
+	prog := newProgress(stderr)
+	defer prog.stop()
+	plan, err := cfg.plan(stdin, prog)
 	if err != nil {
+		prog.stop()
 		fmt.Fprintf(stderr, "ttlbench: %v\n", err)
 		return exitUsage
 	}
-
-	var done atomic.Int64
-	cfg.opts.Progress = &done
-	stopProgress := startProgress(stderr, &done, int64(len(plan.Events)*len(cfg.opts.Policies)))
-	results, err := Simulate(ctx, plan, cfg.opts)
-	stopProgress()
+	rep, err := study(ctx, cfg, plan, prog)
+	prog.stop()
 	if err != nil {
 		fmt.Fprintf(stderr, "ttlbench: %v\n", err)
 		return exitFail
 	}
-
-	rep := NewReport(plan, results, cfg.opts, cfg.target)
 	if cfg.svg != "" {
 		if err := writeFileAtomic(cfg.svg, rep.SVG()); err != nil {
 			fmt.Fprintf(stderr, "ttlbench: -svg: %v\n", err)
@@ -70,6 +75,49 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	return exitOK
+}
+
+// study answers the question for plan: the duplicates at every retention
+// (analyse), the smallest retention meeting the target, the replay of the
+// grid's retentions and that one, and the bootstrap intervals.
+func study(ctx context.Context, cfg *config, plan *Plan, prog *progress) (*Report, error) {
+	opts := cfg.opts
+	grid := opts.Policies
+	prog.phase("grouping requests by key", "", 0)
+	a := analyse(plan, opts.Lease, grid)
+
+	tooSmall := cfg.target > 0 && float64(plan.Ops()) < 3/cfg.target
+	searched := time.Duration(-1)
+	policies := slices.Clone(grid)
+	if !tooSmall {
+		searched = roundRetention(a.smallest(cfg.target), opts.Lease)
+		if !slices.Contains(policies, searched) {
+			policies = append(policies, searched)
+			slices.Sort(policies)
+		}
+	}
+
+	prog.phase("replaying", "requests", int64(plan.Len())*int64(len(policies)))
+	opts.Progress = &prog.Done
+	results, err := Simulate(ctx, plan, policies, opts)
+	if err != nil {
+		return nil, err
+	}
+	if a.approx == 0 {
+		for _, r := range results {
+			if want := a.duplicatesAt(r.Retention); r.Duplicates != want {
+				return nil, fmt.Errorf("internal error: retention %s: the replay counts %d duplicates, the keys' steps %d",
+					shortDuration(r.Retention), r.Duplicates, want)
+			}
+		}
+	}
+	var bs *bootstrap
+	if cfg.resamples > 0 {
+		prog.phase("bootstrap", "", 0)
+		b := a.bootstrapKeys(policies, cfg.target, cfg.resamples, cfg.work.Seed)
+		bs = &b
+	}
+	return NewReport(plan, a, results, grid, searched, bs, cfg), nil
 }
 
 // usage prints the help: what ttlbench does, then the flags.

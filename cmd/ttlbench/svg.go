@@ -52,7 +52,7 @@ func (r *Report) SVG() []byte {
 	drawAxes(c, xs, ys)
 	r.drawFootnotes(c)
 	taken := []box{r.drawTarget(c, ys, pts)}
-	if r.Recommended < 0 && len(r.Results) > 0 {
+	if r.recommended() < 0 && len(r.Results) > 0 {
 		l := label{x: plotR - 8, y: plotT + 16, size: 12, anchor: "end", weight: "bold", color: "#b71c1c",
 			text: "no retention tried meets the target"}
 		c.label(l)
@@ -162,7 +162,7 @@ func (r *Report) drawPoints(c *canvas, pts []point) {
 		title := esc(fmt.Sprintf("retention %s: %d duplicates (%s), peak %d records, %s",
 			shortDuration(res.Retention), res.Duplicates, rate(res.DuplicateRate()), res.PeakRecords, formatBytes(res.PeakBytes)))
 		switch {
-		case i == r.Recommended:
+		case i == r.recommended():
 			c.printf(`<circle cx="%.1f" cy="%.1f" r="11" fill="none" stroke="#2e7d32" stroke-width="2"/>`+"\n", p.x, p.y)
 			c.printf(`<circle class="point recommended" cx="%.1f" cy="%.1f" r="6" fill="#2e7d32"><title>%s</title></circle>`+"\n", p.x, p.y, title)
 		case res.Retention > r.Arrivals:
@@ -326,7 +326,7 @@ func (r *Report) placeLabels(pts []point, obstacles []box) []label {
 		rec := false
 		for k := i; k < j; k++ {
 			names = append(names, shortDuration(r.Results[k].Retention))
-			rec = rec || k == r.Recommended
+			rec = rec || k == r.recommended()
 		}
 		p := pts[j-1]
 		i = j

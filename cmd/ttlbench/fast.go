@@ -195,16 +195,31 @@ type ring struct {
 
 func (r *ring) len() int     { return r.size }
 func (r *ring) front() int32 { return r.buf[r.head] }
-func (r *ring) pop()         { r.head = (r.head + 1) % len(r.buf); r.size-- }
-func (r *ring) push(i int32) { r.grow(); r.buf[(r.head+r.size)%len(r.buf)] = i; r.size++ }
+
+func (r *ring) pop() {
+	r.head++
+	if r.head == len(r.buf) {
+		r.head = 0
+	}
+	r.size--
+}
+
+func (r *ring) push(i int32) {
+	if r.size == len(r.buf) {
+		r.grow()
+	}
+	k := r.head + r.size
+	if k >= len(r.buf) {
+		k -= len(r.buf)
+	}
+	r.buf[k] = i
+	r.size++
+}
+
 func (r *ring) grow() {
-	if r.size < len(r.buf) {
-		return
-	}
-	n := make([]int32, max(1024, 2*len(r.buf)))
-	for k := range r.size {
-		n[k] = r.buf[(r.head+k)%len(r.buf)]
-	}
+	n := make([]int32, max(1024, len(r.buf)+len(r.buf)/2))
+	k := copy(n, r.buf[r.head:])
+	copy(n[k:], r.buf[:r.head])
 	r.buf, r.head = n, 0
 }
 

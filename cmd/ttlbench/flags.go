@@ -256,6 +256,7 @@ func (cfg *config) plan(stdin io.Reader, prog *progress) (*Plan, error) {
 		}
 		defer file.Close()
 		name, r = cfg.trace, file
+		f.SizeHint = sizeHint(file)
 		var size int64
 		if fi, err := file.Stat(); err == nil {
 			size = fi.Size()

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -113,8 +112,14 @@ func (p *Plan) fingerprint(i int) string {
 
 // escapedLen returns the length of key in a record's name: idem escapes
 // '\' as "\\" and '}' as "\c" (see Client.keys).
-func escapedLen(key string) int {
-	return len(key) + strings.Count(key, `\`) + strings.Count(key, "}")
+func escapedLen[S string | []byte](key S) int {
+	n := len(key)
+	for i := range len(key) {
+		if key[i] == '\\' || key[i] == '}' {
+			n++
+		}
+	}
+	return n
 }
 
 // sortByTime sorts the requests by time, keeping their order for equal

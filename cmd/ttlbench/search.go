@@ -346,13 +346,14 @@ func quantile[T any](sorted []T, q float64) T {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-// poisson1Table is the cumulative distribution of Poisson(1).
-var poisson1Table = func() []float64 {
-	var t []float64
+// poisson1Table is the cumulative distribution of Poisson(1), scaled to
+// the range of a uint64.
+var poisson1Table = func() []uint64 {
+	var t []uint64
 	p, sum := math.Exp(-1), 0.0
 	for k := 0; k < 20; k++ {
 		sum += p
-		t = append(t, sum)
+		t = append(t, uint64(min(sum, 1)*math.MaxUint64))
 		p /= float64(k + 1)
 	}
 	return t
@@ -360,7 +361,7 @@ var poisson1Table = func() []float64 {
 
 // poisson1 draws from Poisson(1), by inversion.
 func poisson1(rng *rand.Rand) int {
-	u := rng.Float64()
+	u := rng.Uint64()
 	for k, c := range poisson1Table {
 		if u < c {
 			return k

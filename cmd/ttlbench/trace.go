@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,6 +82,44 @@ type TraceFormat struct {
 	KeepKeys bool
 	// Progress, when not nil, counts the bytes read from the source.
 	Progress *atomic.Int64
+	// SizeHint, when not 0, is about how many bytes the trace holds,
+	// decompressed: the requests' slices are made big enough once, early,
+	// rather than grown (and copied) as they fill.
+	SizeHint int64
+}
+
+// sizeHint returns about how many bytes a trace file holds, decompressed:
+// its size, or for a gzip file the size its trailer records (modulo 4 GiB:
+// 0, unknown, when that is less than the file's own size).
+func sizeHint(f *os.File) int64 {
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return 0
+	}
+	var b [4]byte
+	if _, err := f.ReadAt(b[:2], 0); err != nil || b[0] != 0x1f || b[1] != 0x8b {
+		return fi.Size()
+	}
+	if fi.Size() < 18 {
+		return 0
+	}
+	if _, err := f.ReadAt(b[:], fi.Size()-4); err != nil {
+		return 0
+	}
+	if n := int64(binary.LittleEndian.Uint32(b[:])); n >= fi.Size() {
+		return n
+	}
+	return 0
+}
+
+// reserve makes room for about n requests and keys.
+func (rd *traceReader) reserve(n int) {
+	p := rd.p
+	p.At = slices.Grow(p.At, n-len(p.At))
+	p.Op = slices.Grow(p.Op, n-len(p.Op))
+	p.FP = slices.Grow(p.FP, n-len(p.FP))
+	p.KeyLen = slices.Grow(p.KeyLen, n-len(p.KeyLen))
+	rd.ops.reserve(n)
 }
 
 // parseColumns parses -columns: role=name pairs, comma-separated.
@@ -160,9 +200,9 @@ var (
 // call; the first request with a key (by time) is the operation's first
 // attempt, every later one a retry. Lines may come in any order: requests
 // are sorted by time, keeping file order for equal times. Only what the
-// engines need is kept, about 21 bytes a request and 30 a key while
-// reading (the key is kept as a 128-bit hash, its fingerprint as a 64-bit
-// one), never the lines themselves.
+// engines need is kept, about 21 bytes a request and 22 a key while
+// reading (the key is kept as a 96-bit hash, see keyTable, and the
+// fingerprint as a 64-bit one), never the lines themselves.
 func ReadTrace(r io.Reader, f TraceFormat) (*Plan, error) {
 	if f.TimeUnit == 0 {
 		f.TimeUnit = time.Millisecond
@@ -177,7 +217,6 @@ func ReadTrace(r io.Reader, f TraceFormat) (*Plan, error) {
 	rd := &traceReader{
 		f:      f,
 		cols:   [nCols]int{0, 1, 2, 3},
-		ops:    make(map[[2]uint64]int32),
 		seeds:  [3]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed(), maphash.MakeSeed()},
 		p:      &Plan{},
 		minAt:  math.MaxInt64,
@@ -201,6 +240,10 @@ func ReadTrace(r io.Reader, f TraceFormat) (*Plan, error) {
 		if len(b) > 0 {
 			if perr := rd.line(line, b); perr != nil {
 				return nil, perr
+			}
+			rd.read += int64(len(b))
+			if line == 1<<12 && f.SizeHint > 0 && len(rd.p.At) > 0 {
+				rd.reserve(int(min(float64(f.SizeHint)/float64(rd.read)*float64(len(rd.p.At))*1.05, math.MaxInt32-1)))
 			}
 		}
 		if err == io.EOF {
@@ -334,10 +377,11 @@ type traceReader struct {
 	fields     [][]byte // scratch: the fields of a line
 	unq        []byte   // scratch: unquoted fields
 
-	ops   map[[2]uint64]int32 // operation by key hash
-	seeds [3]maphash.Seed     // key hash (two), fingerprint hash
+	ops   keyTable         // operation by key hash
+	seeds [3]maphash.Seed // key hash (two), fingerprint hash
 	p     *Plan
 
+	read             int64 // bytes of the lines read
 	minAt, maxAt     int64 // Unix ns
 	minLine, maxLine int
 	first            bool // a data line was read
@@ -402,16 +446,13 @@ func (rd *traceReader) line(n int, b []byte) error {
 		}
 	}
 
-	h := [2]uint64{maphash.Bytes(rd.seeds[0], key), maphash.Bytes(rd.seeds[1], key)}
-	op, seen := rd.ops[h]
 	p := rd.p
+	if len(p.KeyLen) >= math.MaxInt32-1 {
+		return bad("more than %d keys", math.MaxInt32-1)
+	}
+	op, seen := rd.ops.index(maphash.Bytes(rd.seeds[0], key), uint32(maphash.Bytes(rd.seeds[1], key)))
 	if !seen {
-		if len(p.KeyLen) >= math.MaxInt32 {
-			return bad("more than %d keys", math.MaxInt32)
-		}
-		op = int32(len(p.KeyLen))
-		rd.ops[h] = op
-		p.KeyLen = append(p.KeyLen, uint16(escapedLen(string(key))))
+		p.KeyLen = append(p.KeyLen, uint16(escapedLen(key)))
 		if rd.f.KeepKeys {
 			p.Keys = append(p.Keys, string(key))
 		}
@@ -650,7 +691,7 @@ func parseOpDuration(s string) (time.Duration, error) {
 // plan finishes the Plan: times counted from the earliest request, sorted.
 func (rd *traceReader) plan() (*Plan, error) {
 	p := rd.p
-	rd.ops = nil // the largest thing held while reading
+	rd.ops = keyTable{} // the largest thing held while reading
 	if len(p.At) == 0 {
 		return nil, errors.New("no requests: want lines key,time[,fingerprint[,duration]]")
 	}

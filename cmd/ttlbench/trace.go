@@ -377,7 +377,7 @@ type traceReader struct {
 	fields     [][]byte // scratch: the fields of a line
 	unq        []byte   // scratch: unquoted fields
 
-	ops   keyTable         // operation by key hash
+	ops   keyTable        // operation by key hash
 	seeds [3]maphash.Seed // key hash (two), fingerprint hash
 	p     *Plan
 

@@ -135,13 +135,25 @@ const usageText = `Usage: ttlbench [flags]
 ttlbench helps choose idem's retention (WithRetention): how long the record
 of a finished operation is kept. Too short, and a late retry runs the side
 effect a second time; too long, and Redis memory grows. ttlbench replays
-traffic through the real library (idem.New, Client.Do) once per retention,
-on an embedded miniredis with a virtual clock (days of traffic in seconds)
-or on a real Redis (-redis). For each retention it reports the retries, the
-duplicate executions of fn (counted from a ledger fn writes to), the
-duplicate rate (duplicates per operation), and the peak number and bytes of
-live records; then it recommends the shortest retention whose duplicate
-rate is at most -target.
+traffic, modelled or from your logs (-trace), once per retention of
+-policies, and reports for each the replays, the duplicate executions of fn
+and the duplicate rate (duplicates per operation) with a 95% interval, and
+the peak number and bytes of live records. It searches the shortest
+retention whose duplicate rate is at most -target (to 1% or 1s), with an
+interval from resampling the keys, and prints the retry gaps (how long
+after an operation's recorded outcome its later requests come: p50, p99,
+p99.9, p99.99, max) that decide it. A trace too small to show a rate as low
+as -target (fewer than 3/target operations) gets no recommendation.
+
+Engines: -engine fast (the default) applies idem's rules in Go: a claim
+writes a record whose TTL is the retention, the recorded outcome resets it
+to the retention, a request finds the record, a conflict (another
+fingerprint), the operation still running, or nothing (it runs fn again).
+A test holds it to -engine real, which replays every request through
+idem.New and Client.Do on an embedded miniredis with a virtual clock (days
+of traffic in seconds, a few thousand requests a second), or on a real
+Redis (-redis). The fast engine replays ten million requests in well under
+a minute.
 
 Traffic, modelled: -ops operations arrive at -rate per second (Poisson),
 each with a random UUID as its key. An attempt times out at the client with
@@ -150,23 +162,31 @@ same), and the client retries, up to -retries times, pausing
 min(-retry-cap, -retry-base * -retry-factor^(n-1)) +/- -retry-jitter before
 retry n. A share -late-share of operations is delivered once more, late,
 after a lognormal delay from the first attempt with median -late-median and
-99th percentile -late-p99. -seed fixes every random draw.
+99th percentile -late-p99. fn runs for -op-time. -seed fixes every draw.
 
-Traffic, recorded (-trace FILE): CSV lines key,unix_ms[,fingerprint], one
-per request, in any order. unix_ms is the request's time in milliseconds
-since 1970; the optional fingerprint stands for the request's parameters (a
-key reused with another fingerprint gets ErrConflict, counted in -json).
-The first request with a key is the operation, later ones its retries.
-Lines starting with # and blank lines are skipped, as is a header line
-"key,unix_ms,...". Quote a key that holds a comma or a quote, as in CSV.
+Traffic, recorded (-trace FILE, or - for stdin; gzip is detected): CSV
+lines key,time[,fingerprint[,duration]], one per request, in any order.
+With -columns, the first line is a header and the named columns are read
+(-columns key=idempotency_key,time=ts,fingerprint=body_sha,duration=ms);
+without it, a first line starting with "key" is a header. time is RFC 3339
+or a Unix time in -time-unit (s, ms, us or ns; a fraction is allowed);
+numbers that read as a date before 1995 or after 2100 are refused, naming
+the unit they look like. The fingerprint stands for the request's
+parameters (a key reused with another gets ErrConflict); duration is how
+long fn ran (250ms, 1.5s, or a number of milliseconds). The first request
+with a key is the operation, later ones its retries. Lines starting with #
+and blank lines are skipped; a field with a comma or a quote is quoted.
+Errors name the line. Only hashes of keys and fingerprints are kept, about
+21 bytes a request.
 
-Peak bytes: with miniredis, the key name, field names and values of every
-live record, summed: the data, without Redis's own overhead, which Redis 7
-puts at about 80 bytes a finished record (a record with a UUID key and a
-100-byte result takes 264 bytes by MEMORY USAGE: 45 of key, 138 of value). With
--redis, MEMORY USAGE of each record, taken after each write. Records change
-only at requests and expiries, so both peaks are exact, not sampled. Memory
-at steady state grows with -rate: scale it.
+Peak bytes: with miniredis and the fast engine, the key name and value of
+every live record, summed: the data, without Redis's own overhead. A
+finished record with a UUID key, a fingerprint and a 100-byte result holds
+181 bytes of key and value, and takes 248 bytes by MEMORY USAGE on Redis
+7.0 (measured by the tests). With -redis, MEMORY USAGE of each record,
+taken after each write. Records change only at requests and recordings, so
+both peaks are exact, not sampled. Memory at steady state grows with
+-rate: scale it.
 
 With -redis ADDR, time runs -time-scale times faster than the traffic's:
 retentions, the lease and the pauses between requests are divided by it,

@@ -268,7 +268,7 @@ func TestSVG(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	points, recommended := 0, 0
+	points, recommended, survival, memory := 0, 0, 0, 0
 	dec := xml.NewDecoder(bytes.NewReader(data))
 	var root string
 	for {
@@ -284,6 +284,12 @@ func TestSVG(t *testing.T) {
 				root = se.Name.Local
 			}
 			for _, a := range se.Attr {
+				if a.Name.Local == "class" && a.Value == "survival" {
+					survival++
+				}
+				if a.Name.Local == "class" && a.Value == "memory" {
+					memory++
+				}
 				if se.Name.Local == "circle" && a.Name.Local == "class" {
 					points++
 					if strings.Contains(a.Value, "recommended") {
@@ -298,6 +304,9 @@ func TestSVG(t *testing.T) {
 	}
 	if points < 4 || points > 5 || recommended != 1 {
 		t.Errorf("got %d points, %d recommended; want one per retention (4, and the searched one) and 1", points, recommended)
+	}
+	if survival != 1 || memory != points {
+		t.Errorf("got %d survival curves and %d memory points; want 1, and one per retention (%d)", survival, memory, points)
 	}
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {

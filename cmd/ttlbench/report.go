@@ -14,11 +14,18 @@ import (
 	"time"
 )
 
-// redisOverhead says what Redis adds to a record's key and value bytes,
-// measured with Redis 7.0.15 (jemalloc) by TestRecordSize: MEMORY USAGE
-// of a finished record with a UUID key, a fingerprint and a 100-byte
-// result, under idem's default prefix.
-const redisOverhead = "Redis 7 adds about 60 bytes a finished record (one with a UUID key and a 100-byte result takes 248 bytes, 181 of them key and value)"
+// What a finished record with a UUID key, a fingerprint and a 100-byte
+// result takes under idem's default prefix, measured by TestRecordSize
+// with Redis 7.0.15 (jemalloc): its key and value bytes, and MEMORY USAGE.
+const (
+	recordPayload = 181
+	recordMemory  = 248
+)
+
+// redisOverhead says what Redis adds to a record's key and value bytes.
+var redisOverhead = fmt.Sprintf("Redis 7 adds about %d a finished record\n"+
+	"  (MEMORY USAGE of one with a UUID key and a 100-byte result: %d bytes, %d of them key and value)",
+	recordMemory-recordPayload, recordMemory, recordPayload)
 
 // A Report is the outcome of a run: one result per retention replayed
 // (the grid's and the searched one), the recommendation, the retry gaps
@@ -269,22 +276,23 @@ func (r *Report) verdict() string {
 	res := r.Results[i]
 	fmt.Fprintf(&b, "recommended: %s (*), the shortest retention with a duplicate rate of at most %s (-target), searched to 1%% or 1s:\n",
 		shortDuration(res.Retention), rate(r.Target))
-	fmt.Fprintf(&b, "  %d duplicates (%s), peak %d records, %s", res.Duplicates, rate(res.DuplicateRate()), res.PeakRecords, formatBytes(res.PeakBytes))
+	fmt.Fprintf(&b, "  duplicate rate %s (%d in %d operations), peak %d records, %s", rate(res.DuplicateRate()), res.Duplicates, r.Ops,
+		res.PeakRecords, formatBytes(res.PeakBytes))
 	var near []string
 	for _, j := range r.nearestGrid(i) {
 		g := r.Results[j]
-		near = append(near, fmt.Sprintf("%s %s (%s)", shortDuration(g.Retention), formatBytes(g.PeakBytes), rate(g.DuplicateRate())))
+		near = append(near, fmt.Sprintf("%s %s (rate %s)", shortDuration(g.Retention), formatBytes(g.PeakBytes), rate(g.DuplicateRate())))
 	}
 	if len(near) > 0 {
-		fmt.Fprintf(&b, "; the grid's nearest: %s", strings.Join(near, ", "))
+		fmt.Fprintf(&b, "; on the grid, %s", strings.Join(near, " and "))
 	}
 	b.WriteString("\n")
 	if res.Duplicates == 0 {
-		fmt.Fprintf(&b, "  no duplicate among %d operations: in the traffic this trace samples, the rate is below 3/%d = %s (95%%), not proven 0\n",
+		fmt.Fprintf(&b, "  no duplicate in %d operations does not prove a rate of 0: it shows one below 3/%d = %s (95%%)\n",
 			r.Ops, r.Ops, rate(3/float64(max(r.Ops, 1))))
 	}
 	if r.Resamples > 0 {
-		fmt.Fprintf(&b, "  95%% interval of that retention, from %d bootstrap resamples of the keys: %s–%s\n",
+		fmt.Fprintf(&b, "  95%% interval of the retention, from %d bootstrap resamples of the keys: %s–%s\n",
 			r.Resamples, shortDuration(r.RetentionInterval[0]), shortDuration(r.RetentionInterval[1]))
 	}
 	return b.String()
@@ -314,7 +322,7 @@ func bytesNote(method string) string {
 	if method == bytesMemoryUsage {
 		return "peak bytes: sum of MEMORY USAGE of the live records, each measured after it was written"
 	}
-	return "peak bytes: key and value bytes of the live records; " + redisOverhead + ": measure with -redis"
+	return "peak bytes: key and value bytes of the live records; measure with -redis: " + redisOverhead
 }
 
 // jsonResult is one line of -json output for a retention.
@@ -477,7 +485,18 @@ func roughDuration(d time.Duration) string {
 
 // percent formats a share, 0.05 as "5%".
 func percent(x float64) string {
-	return strconv.FormatFloat(100*x, 'g', 3, 64) + "%"
+	v := 100 * x
+	if v == 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+		return strconv.FormatFloat(v, 'g', 3, 64) + "%"
+	}
+	// Three significant digits, never an exponent: 0.0000643%, not 6.43e-05%.
+	v, _ = strconv.ParseFloat(strconv.FormatFloat(v, 'g', 3, 64), 64)
+	decimals := max(0, 2-int(math.Floor(math.Log10(math.Abs(v)))))
+	s := strconv.FormatFloat(v, 'f', decimals, 64)
+	if strings.Contains(s, ".") {
+		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	}
+	return s + "%"
 }
 
 // rate formats a duplicate rate: exactly "0" for none, else a percentage.

@@ -292,7 +292,8 @@ type bootstrap struct {
 // bootstrapKeys resamples the trace's keys (each drawn a Poisson(1) number
 // of times, the same as drawing keys with replacement, for large traces)
 // and returns the 95% percentile intervals of each policy's duplicate rate
-// and of the smallest retention meeting target. Only keys with steps are
+// and of the smallest retention meeting target (rounded as the search's
+// answer is, see roundRetention). Only keys with steps are
 // drawn one by one; the others only count as operations, drawn in one go.
 func (a *analysis) bootstrapKeys(policies []time.Duration, target float64, resamples int, seed uint64) bootstrap {
 	desc := slices.Clone(policies)
@@ -304,10 +305,12 @@ func (a *analysis) bootstrapKeys(policies []time.Duration, target float64, resam
 	var mu sync.Mutex
 	for wk := range workers {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(seed, uint64(wk)+1))
 			w := make([]float64, a.keys)
 			at := make([]float64, len(desc))
 			for b := wk; b < resamples; b += workers {
+				// A stream per resample: the same answer on any number of
+				// CPUs.
+				rng := rand.New(rand.NewPCG(seed, uint64(b)+1))
 				ops := 0.0
 				for k := range w {
 					w[k] = float64(poisson1(rng))
@@ -315,7 +318,7 @@ func (a *analysis) bootstrapKeys(policies []time.Duration, target float64, resam
 				}
 				ops += poisson(rng, float64(a.ops-a.keys))
 				ops = max(ops, 1)
-				r := a.smallestWeighted(target, w, ops, desc, at)
+				r := roundRetention(a.smallestWeighted(target, w, ops, desc, at), a.floor)
 				mu.Lock()
 				rets[b] = r
 				for i, pol := range policies {

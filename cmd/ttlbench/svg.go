@@ -14,7 +14,7 @@ import (
 // row for policies with no duplicates at all, which a log scale cannot show.
 const (
 	svgW      = 880
-	svgH      = 590
+	svgH      = 1030
 	plotL     = 110 // left edge of the plot
 	plotR     = 840 // right edge
 	plotT     = 110 // top of the log band
@@ -35,7 +35,7 @@ func (r *Report) SVG() []byte {
 	c.printf(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	c.text(svgW/2, 32, 18, "middle", "bold", "#222", "Retention trade-off: duplicate executions vs. Redis memory")
 	width := int(math.Floor((plotR - plotL) / (12 * charWidth)))
-	sub := append(wrap(r.Workload, width), wrap("simulated "+r.Traffic+"; "+r.Setup, width)...)
+	sub := append(wrap(r.Workload, width), wrap("replayed "+r.Traffic+"; "+r.Setup, width)...)
 	for i, line := range sub {
 		c.text(svgW/2, 54+16*i, 12, "middle", "", "#555", line)
 	}
@@ -50,7 +50,6 @@ func (r *Report) SVG() []byte {
 	}
 	r.drawAcceptable(c, ys)
 	drawAxes(c, xs, ys)
-	r.drawFootnotes(c)
 	taken := []box{r.drawTarget(c, ys, pts)}
 	if r.recommended() < 0 && len(r.Results) > 0 {
 		l := label{x: plotR - 8, y: plotT + 16, size: 12, anchor: "end", weight: "bold", color: "#b71c1c",
@@ -62,6 +61,7 @@ func (r *Report) SVG() []byte {
 	for _, l := range r.placeLabels(pts, taken) {
 		c.label(l)
 	}
+	r.drawGaps(c)
 	c.printf("</svg>\n")
 	return []byte(c.b.String())
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -240,7 +241,7 @@ func (cfg *config) check(set map[string]bool) error {
 
 // plan returns the traffic to replay: the trace, or the model's. Reading
 // a trace counts its bytes on prog.
-func (cfg *config) plan(stdin io.Reader, prog *progress) (*Plan, error) {
+func (cfg *config) plan(ctx context.Context, stdin io.Reader, prog *progress) (*Plan, error) {
 	keys := cfg.opts.Engine == engineReal
 	if cfg.trace == "" {
 		return cfg.work.Plan(keys), nil
@@ -265,7 +266,7 @@ func (cfg *config) plan(stdin io.Reader, prog *progress) (*Plan, error) {
 	} else {
 		prog.phase("reading stdin", "bytes", 0)
 	}
-	p, err := ReadTrace(r, f)
+	p, err := ReadTrace(ctx, r, f)
 	if err != nil {
 		return nil, fmt.Errorf("-trace %s: %w", name, err)
 	}

@@ -48,10 +48,13 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	prog := newProgress(stderr)
 	defer prog.stop()
-	plan, err := cfg.plan(stdin, prog)
+	plan, err := cfg.plan(ctx, stdin, prog)
 	if err != nil {
 		prog.stop()
 		fmt.Fprintf(stderr, "ttlbench: %v\n", err)
+		if ctx.Err() != nil {
+			return exitFail
+		}
 		return exitUsage
 	}
 	rep, err := study(ctx, cfg, plan, prog)

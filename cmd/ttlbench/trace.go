@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -203,7 +204,7 @@ var (
 // engines need is kept, about 21 bytes a request and 22 a key while
 // reading (the key is kept as a 96-bit hash, see keyTable, and the
 // fingerprint as a 64-bit one), never the lines themselves.
-func ReadTrace(r io.Reader, f TraceFormat) (*Plan, error) {
+func ReadTrace(ctx context.Context, r io.Reader, f TraceFormat) (*Plan, error) {
 	if f.TimeUnit == 0 {
 		f.TimeUnit = time.Millisecond
 	}
@@ -225,6 +226,9 @@ func ReadTrace(r io.Reader, f TraceFormat) (*Plan, error) {
 	}
 	var long []byte // a line longer than br's buffer, assembled
 	for line := 1; ; line++ {
+		if line%(1<<16) == 0 && ctx.Err() != nil {
+			return nil, fmt.Errorf("interrupted: %w", ctx.Err())
+		}
 		b, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
 			long = append(long[:0], b...)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -22,7 +23,7 @@ a,1700000000000
   a,1700000002000
 b,1700000001000,fp-other
 `
-	p, err := ReadTrace(strings.NewReader(in), TraceFormat{KeepKeys: true})
+	p, err := ReadTrace(context.Background(), strings.NewReader(in), TraceFormat{KeepKeys: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestTraceFormats(t *testing.T) {
 			TraceFormat{Columns: map[string]string{"key": "idempotency_key", "time": "ts", "fingerprint": "body_sha"}}},
 		{"gzip", gzipped(t, base), TraceFormat{}},
 	} {
-		p, err := ReadTrace(strings.NewReader(tc.in), tc.f)
+		p, err := ReadTrace(context.Background(), strings.NewReader(tc.in), tc.f)
 		if err != nil {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
@@ -109,7 +110,7 @@ func TestTraceFormats(t *testing.T) {
 
 func TestTraceDurations(t *testing.T) {
 	t.Parallel()
-	p, err := ReadTrace(strings.NewReader("key,time,fp,duration\na,1700000000000,,250\nb,1700000001000,,1.5s\nc,1700000002000\n"), TraceFormat{})
+	p, err := ReadTrace(context.Background(), strings.NewReader("key,time,fp,duration\na,1700000000000,,250\nb,1700000001000,,1.5s\nc,1700000002000\n"), TraceFormat{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestReadTraceErrorsNameTheLine(t *testing.T) {
 		{"a,5\n", TraceFormat{}, 1, "in no unit"},
 		{"a,1970-01-01T00:00:05Z\n", TraceFormat{}, 1, "not between 1995 and 2100"},
 	} {
-		_, err := ReadTrace(strings.NewReader(tc.in), tc.f)
+		_, err := ReadTrace(context.Background(), strings.NewReader(tc.in), tc.f)
 		var te *TraceError
 		if tc.line == 0 {
 			if err == nil {
@@ -178,7 +179,7 @@ func TestReadTraceErrorsNameTheLine(t *testing.T) {
 			t.Errorf("%q: got %q (line %d), want line %d and %q", tc.in, err, te.Line, tc.line, tc.want)
 		}
 	}
-	if _, err := ReadTrace(strings.NewReader("# nothing\n\n"), TraceFormat{}); err == nil {
+	if _, err := ReadTrace(context.Background(), strings.NewReader("# nothing\n\n"), TraceFormat{}); err == nil {
 		t.Error("an empty trace was accepted")
 	}
 }

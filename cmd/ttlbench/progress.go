@@ -96,6 +96,9 @@ func progressLine(label, unit string, n, total int64, elapsed time.Duration) str
 	if label == "" {
 		return ""
 	}
+	if unit == "" { // a phase that counts nothing
+		return fmt.Sprintf("\r%s… %s\033[K", label, elapsed.Round(time.Second))
+	}
 	word := " " + unit
 	if unit == "bytes" {
 		word = ""

@@ -34,6 +34,7 @@ func TestProgressLine(t *testing.T) {
 		{"reading big.csv.gz", "bytes", 3 << 20, 12 << 20, time.Second,
 			[]string{" 25%", "reading big.csv.gz: 3.0 MiB/12.0 MiB", "3.0 MiB/s", "3s left"}},
 		{"reading stdin", "bytes", 5 << 20, 0, 2 * time.Second, []string{"reading stdin: 5.0 MiB", "2.5 MiB/s"}},
+		{"bootstrap", "", 0, 0, 3 * time.Second, []string{"bootstrap… 3s"}},
 		{"", "", 1, 2, time.Second, nil},
 	} {
 		got := progressLine(tc.label, tc.unit, tc.n, tc.total, tc.elapsed)

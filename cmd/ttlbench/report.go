@@ -70,6 +70,8 @@ type Report struct {
 	Arrivals time.Duration
 	// Ops is the number of operations.
 	Ops int
+	// Floor is the shortest retention searched: the lease.
+	Floor time.Duration
 }
 
 // survivalPoint is a point of the gaps' survival curve: the share of later
@@ -94,6 +96,7 @@ func NewReport(plan *Plan, a *analysis, results []Result, grid []time.Duration, 
 		Approx:   a.approx,
 		Arrivals: plan.Arrivals(),
 		Ops:      plan.Ops(),
+		Floor:    opts.Lease,
 	}
 	later := plan.Len() - plan.Ops()
 	r.Traffic = fmt.Sprintf("%s of traffic: %d requests for %d operations", roughDuration(plan.Span()), plan.Len(), plan.Ops())
@@ -287,9 +290,15 @@ func (r *Report) verdict() string {
 		fmt.Fprintf(&b, "; on the grid, %s", strings.Join(near, " and "))
 	}
 	b.WriteString("\n")
-	if res.Duplicates == 0 {
+	if r.Floor > 0 && res.Retention == r.Floor {
+		fmt.Fprintf(&b, "  that is the lease (-lease %s): idem takes no shorter retention\n", shortDuration(r.Floor))
+	}
+	switch {
+	case res.Duplicates == 0 && r.Ops <= 3:
+		fmt.Fprintf(&b, "  but %d operations are too few to show anything of the rate: no duplicate in N operations shows a rate below 3/N (95%%)\n", r.Ops)
+	case res.Duplicates == 0:
 		fmt.Fprintf(&b, "  no duplicate in %d operations does not prove a rate of 0: it shows one below 3/%d = %s (95%%)\n",
-			r.Ops, r.Ops, rate(3/float64(max(r.Ops, 1))))
+			r.Ops, r.Ops, rate(3/float64(r.Ops)))
 	}
 	if r.Resamples > 0 {
 		fmt.Fprintf(&b, "  95%% interval of the retention, from %d bootstrap resamples of the keys: %s–%s\n",

@@ -70,7 +70,7 @@ func (s recordSizes) of(p *Plan, op int32, i int32, finished bool) int64 {
 }
 
 // fastPolicy replays plan with one retention and returns what it made of
-// it. progress, when not nil, is incremented as requests are replayed.
+// it. opts.Progress, when not nil, is incremented as requests are replayed.
 func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts Options) (Result, error) {
 	res := Result{
 		Retention:   retention,
@@ -79,62 +79,14 @@ func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts O
 		Retries:     plan.Len() - plan.Ops(),
 		BytesMethod: bytesPayload,
 	}
-	sizes := newRecordSizes(retention, opts)
-	R := int64(retention)
-	at := plan.At
-	ops := plan.Op
-	fps := plan.FP
-
-	// state[op] is op's record: 0 none; > 0 finished, expiring at that
-	// time; < 0 in progress until minus that time. A live record is never
-	// at time 0: it expires at least a millisecond after it was written,
-	// and an fn with a duration ends after it started.
-	state := make([]int64, plan.Ops())
-	// holder[op] is the request whose claim wrote op's record: its
-	// fingerprint is the record's.
-	holder := make([]int32, plan.Ops())
-	// expiring holds the requests whose finished records are live, in the
-	// order they were recorded, which is the order they expire in: every
-	// record is kept for the same retention, and recordings happen in time
-	// order.
-	var expiring ring
-	// running holds the requests whose fn is running (only with durations),
-	// by the time their outcome is recorded.
-	var running recordingQueue
-
-	var live, runs int64
-	var bytes, peakBytes int64
-	var peakRecords int64
-	note := func() {
-		peakRecords = max(peakRecords, live)
-		peakBytes = max(peakBytes, bytes)
+	sw := &sweep{
+		plan:   plan,
+		sizes:  newRecordSizes(retention, opts),
+		r:      int64(retention),
+		state:  make([]int64, plan.Ops()),
+		holder: make([]int32, plan.Ops()),
 	}
-	expireUntil := func(t int64) {
-		for expiring.len() > 0 {
-			i := expiring.front()
-			op := ops[i]
-			if state[op] > t {
-				return
-			}
-			expiring.pop()
-			state[op] = 0
-			live--
-			bytes -= sizes.of(plan, op, i, true)
-		}
-	}
-	record := func(i int32, t int64) {
-		op := ops[i]
-		state[op] = t + R
-		expiring.push(i)
-	}
-	finish := func(i int32, t int64) {
-		expireUntil(t)
-		record(i, t)
-		op := ops[i]
-		bytes += sizes.of(plan, op, i, true) - sizes.of(plan, op, i, false)
-		note()
-	}
-
+	at, ops, fps := plan.At, plan.Op, plan.FP
 	const batch = 1 << 14
 	for i := range int32(len(at)) {
 		if i%batch == 0 {
@@ -146,45 +98,109 @@ func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts O
 			}
 		}
 		t := int64(at[i])
-		for running.len() > 0 && running.next() <= t {
-			j, done := running.pop()
-			finish(j, done)
+		for sw.running.len() > 0 && sw.running.next() <= t {
+			sw.finish(sw.running.pop())
 		}
-		expireUntil(t)
+		sw.expireUntil(t)
 
 		op := ops[i]
-		switch s := state[op]; {
+		switch s := sw.state[op]; {
 		case s == 0:
-			runs++
-			live++
-			holder[op] = i
-			if d := plan.duration(int(i)); d > 0 {
-				state[op] = -(t + int64(d))
-				running.push(i, t+int64(d))
-				bytes += sizes.of(plan, op, i, false)
-			} else {
-				record(i, t)
-				bytes += sizes.of(plan, op, i, true)
-			}
-		case fps[i] != 0 && fps[holder[op]] != 0 && fps[i] != fps[holder[op]]:
+			sw.claim(i, t)
+		case fps[i] != 0 && fps[sw.holder[op]] != 0 && fps[i] != fps[sw.holder[op]]:
 			res.Conflicts++
 		case s < 0:
 			res.InProgress++
 		default:
 			res.Replays++
 		}
-		note()
+		sw.note()
 	}
-	for running.len() > 0 {
-		j, done := running.pop()
-		finish(j, done)
+	for sw.running.len() > 0 {
+		sw.finish(sw.running.pop())
 	}
 	if opts.Progress != nil {
 		opts.Progress.Add(int64(len(at) % batch))
 	}
-	res.Duplicates = int(runs) - plan.Ops()
-	res.PeakRecords, res.PeakBytes = int(peakRecords), peakBytes
+	res.Duplicates = int(sw.runs) - plan.Ops()
+	res.PeakRecords, res.PeakBytes = int(sw.peakRecords), sw.peakBytes
 	return res, nil
+}
+
+// A sweep is the state of one replay by the fast engine.
+type sweep struct {
+	plan  *Plan
+	sizes recordSizes
+	r     int64 // the retention, in nanoseconds
+
+	// state[op] is op's record: 0 none; > 0 finished, expiring at that
+	// time; < 0 in progress until minus that time. A live record is never
+	// at time 0: it expires at least a millisecond after it was written,
+	// and an fn with a duration ends after it started.
+	state []int64
+	// holder[op] is the request whose claim wrote op's record: its
+	// fingerprint is the record's.
+	holder []int32
+	// expiring holds the requests whose finished records are live, in the
+	// order they were recorded, which is the order they expire in: every
+	// record is kept for the same retention, and recordings happen in time
+	// order.
+	expiring ring
+	// running holds the requests whose fn is running (only with
+	// durations), by the time their outcome is recorded.
+	running recordingQueue
+
+	runs, live, peakRecords int64
+	bytes, peakBytes        int64
+}
+
+// claim runs fn for request i at time t: a new record, finished at once or
+// when fn ends.
+func (sw *sweep) claim(i int32, t int64) {
+	op := sw.plan.Op[i]
+	sw.runs++
+	sw.live++
+	sw.holder[op] = i
+	if d := sw.plan.duration(int(i)); d > 0 {
+		sw.state[op] = -(t + int64(d))
+		sw.running.push(i, t+int64(d))
+		sw.bytes += sw.sizes.of(sw.plan, op, i, false)
+		return
+	}
+	sw.state[op] = t + sw.r
+	sw.expiring.push(i)
+	sw.bytes += sw.sizes.of(sw.plan, op, i, true)
+}
+
+// finish records the outcome of request i's fn at time t.
+func (sw *sweep) finish(i int32, t int64) {
+	sw.expireUntil(t)
+	op := sw.plan.Op[i]
+	sw.state[op] = t + sw.r
+	sw.expiring.push(i)
+	sw.bytes += sw.sizes.of(sw.plan, op, i, true) - sw.sizes.of(sw.plan, op, i, false)
+	sw.note()
+}
+
+// expireUntil removes the records whose time is up at t.
+func (sw *sweep) expireUntil(t int64) {
+	for sw.expiring.len() > 0 {
+		i := sw.expiring.front()
+		op := sw.plan.Op[i]
+		if sw.state[op] > t {
+			return
+		}
+		sw.expiring.pop()
+		sw.state[op] = 0
+		sw.live--
+		sw.bytes -= sw.sizes.of(sw.plan, op, i, true)
+	}
+}
+
+// note updates the peaks after an event.
+func (sw *sweep) note() {
+	sw.peakRecords = max(sw.peakRecords, sw.live)
+	sw.peakBytes = max(sw.peakBytes, sw.bytes)
 }
 
 // ring is a FIFO queue of request indexes.
@@ -253,6 +269,7 @@ func (q *recordingQueue) push(i int32, at int64) {
 	}
 }
 
+// pop removes the earliest recording and returns its request and time.
 func (q *recordingQueue) pop() (int32, int64) {
 	top := q.h[0]
 	last := len(q.h) - 1

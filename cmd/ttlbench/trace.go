@@ -230,9 +230,9 @@ func ReadTrace(ctx context.Context, r io.Reader, f TraceFormat) (*Plan, error) {
 			return nil, fmt.Errorf("interrupted: %w", ctx.Err())
 		}
 		b, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
+		if err == bufio.ErrBufferFull {
 			long = append(long[:0], b...)
-			for errors.Is(err, bufio.ErrBufferFull) && len(long) <= maxLine {
+			for err == bufio.ErrBufferFull && len(long) <= maxLine {
 				b, err = br.ReadSlice('\n')
 				long = append(long, b...)
 			}
@@ -393,10 +393,15 @@ type traceReader struct {
 
 // line reads one line of the trace.
 func (rd *traceReader) line(n int, b []byte) error {
-	b = bytes.TrimRight(b, "\r\n")
-	t := bytes.TrimLeftFunc(b, unicode.IsSpace)
-	if len(t) == 0 || t[0] == '#' {
-		return nil
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	if len(b) == 0 || b[0] == '#' || isSpace(b[0]) {
+		// Blank, a comment, or a line that starts with spaces: look again.
+		t := bytes.TrimLeftFunc(b, unicode.IsSpace)
+		if len(t) == 0 || t[0] == '#' {
+			return nil
+		}
 	}
 	bad := func(format string, args ...any) error {
 		return &TraceError{Line: n, Err: fmt.Errorf(format, args...)}
@@ -435,16 +440,16 @@ func (rd *traceReader) line(n int, b []byte) error {
 	case len(key) > maxKeyLen:
 		return bad("key of %d bytes is longer than idem's limit of %d", len(key), maxKeyLen)
 	}
-	at, err := rd.parseTime(bytes.TrimSpace(field(colTime)))
+	at, err := rd.parseTime(trimSpace(field(colTime)))
 	if err != nil {
 		return bad("%v", err)
 	}
 	var fp uint64
-	if v := bytes.TrimSpace(field(colFingerprint)); len(v) > 0 {
+	if v := trimSpace(field(colFingerprint)); len(v) > 0 {
 		fp = max(maphash.Bytes(rd.seeds[2], v), 1) // 0 stands for none
 	}
 	var dur time.Duration
-	if v := bytes.TrimSpace(field(colDuration)); len(v) > 0 {
+	if v := trimSpace(field(colDuration)); len(v) > 0 {
 		if dur, err = parseOpDuration(string(v)); err != nil {
 			return bad("%v", err)
 		}
@@ -535,10 +540,10 @@ func (rd *traceReader) split(b []byte) ([][]byte, error) {
 		for {
 			i := bytes.IndexByte(b, ',')
 			if i < 0 {
-				rd.fields = append(rd.fields, bytes.TrimLeft(b, " \t"))
+				rd.fields = append(rd.fields, trimLeft(b))
 				return rd.fields, nil
 			}
-			rd.fields = append(rd.fields, bytes.TrimLeft(b[:i], " \t"))
+			rd.fields = append(rd.fields, trimLeft(b[:i]))
 			b = b[i+1:]
 		}
 	}
@@ -549,7 +554,7 @@ func (rd *traceReader) split(b []byte) ([][]byte, error) {
 	}
 	rd.unq = rd.unq[:0]
 	for {
-		b = bytes.TrimLeft(b, " \t")
+		b = trimLeft(b)
 		start := len(rd.unq)
 		if len(b) > 0 && b[0] == '"' {
 			b = b[1:]
@@ -593,7 +598,7 @@ func (rd *traceReader) split(b []byte) ([][]byte, error) {
 // as nanoseconds since 1970; a Unix time must fall between 1995 and 2100,
 // or the unit is wrong: the error says which unit the number looks like.
 func (rd *traceReader) parseTime(b []byte) (int64, error) {
-	if len(b) > 0 && (b[0] >= '0' && b[0] <= '9') && !bytes.ContainsAny(b, "-:T") {
+	if isUnixTime(b) {
 		ns, ok := parseUnix(b, rd.f.TimeUnit)
 		if !ok || ns < earliest.UnixNano() || ns >= latest.UnixNano() {
 			return 0, magnitudeError(b, rd.f.TimeUnit)
@@ -610,6 +615,41 @@ func (rd *traceReader) parseTime(b []byte) (int64, error) {
 	}
 	return t.UnixNano(), nil
 }
+
+// isUnixTime reports whether b looks like a Unix time: digits, perhaps
+// with a fraction.
+func isUnixTime(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if (c < '0' || c > '9') && c != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+// trimLeft drops leading spaces and tabs, as encoding/csv's
+// TrimLeadingSpace does for the usual ones.
+func trimLeft(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	return b
+}
+
+// trimSpace drops spaces and tabs at both ends.
+func trimSpace(b []byte) []byte {
+	b = trimLeft(b)
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// isSpace reports whether c is ASCII white space.
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\v' || c == '\f' || c == '\r' || c == '\n' }
 
 // magnitudeError explains a Unix time that, read in unit, is not between
 // 1995 and 2100, and names the unit it looks like.

@@ -649,7 +649,9 @@ func trimSpace(b []byte) []byte {
 }
 
 // isSpace reports whether c is ASCII white space.
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\v' || c == '\f' || c == '\r' || c == '\n' }
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\v' || c == '\f' || c == '\r' || c == '\n'
+}
 
 // magnitudeError explains a Unix time that, read in unit, is not between
 // 1995 and 2100, and names the unit it looks like.

@@ -3,19 +3,54 @@
 //
 // Too short, and a late retry (a client recovering after an outage, a
 // message redelivered an hour later) runs the side effect a second time.
-// Too long, and Redis memory grows. ttlbench answers with the real library:
-// it replays traffic through idem.New and Client.Do once per retention
-// policy and counts, from a ledger the operation writes to, how often an
-// operation ran more than once, and how many records, and bytes, were alive
-// at the peak. It recommends the shortest retention whose duplicate rate
-// (duplicates per operation) is at most a target.
+// Too long, and Redis memory grows. ttlbench replays traffic once per
+// retention policy and counts how often an operation ran more than once,
+// and how many records, and bytes, were alive at the peak. It searches the
+// shortest retention whose duplicate rate (duplicates per operation) is at
+// most a target, gives it and each policy's rate a 95% interval by
+// resampling the keys, and shows the retry gaps that decide the answer.
 //
-// Run it with no flags for a modelled workload on an embedded miniredis:
+// Run it with no flags for a modelled workload:
 //
 //	go run ./cmd/ttlbench
 //	go run ./cmd/ttlbench -rate 50 -late-share 0.001 -late-p99 12h -json
-//	go run ./cmd/ttlbench -trace requests.csv -svg tradeoff.svg
-//	go run ./cmd/ttlbench -redis localhost:6379 -ops 2000 -time-scale 600
+//	go run ./cmd/ttlbench -trace requests.csv.gz -svg tradeoff.svg
+//	zcat access.log.gz | go run ./cmd/ttlbench -trace - -columns key=idem_key,time=ts -time-unit s
+//	go run ./cmd/ttlbench -redis localhost:6379 -ops 2000 -time-scale 100
+//
+// # Engines
+//
+// The fast engine (-engine fast, the default; fast.go) applies the
+// protocol's rules in Go, with no Redis: for each key, the one record idem
+// would keep, its TTL (the retention, set by the claim and again from the
+// recording of the outcome), conflicts (another fingerprint), requests that
+// find fn still running (the owner renews its lease, so the record never
+// expires under it), and expiry exactly at the TTL's end. It replays ten
+// million requests in well under a minute on two cores.
+//
+// The real engine (-engine real; real.go) replays every request through
+// idem.New and Client.Do, on an embedded miniredis on a virtual clock or on
+// a real Redis (-redis), and counts duplicates from a ledger fn writes to:
+// a few thousand requests a second. TestEnginesAgree holds the two engines
+// to exactly the same counts (replays, conflicts, requests in progress,
+// duplicates, peak records and bytes) on random traces drawn at the edges:
+// requests exactly at, and a millisecond either side of, a record's
+// expiry, while fn runs and as it ends, with conflicting and missing
+// fingerprints, keys that idem escapes.
+//
+// # The search and its interval
+//
+// Whether a request runs fn depends on its own key's requests only: it
+// runs when it comes at least a retention after the recording of its key's
+// last run. So each key's duplicates are a step function of the retention,
+// and their sum gives the duplicates at every retention at once (search.go):
+// the shortest retention meeting the target is found exactly, then rounded
+// up to 1% or 1s, whichever is coarser, and replayed. A bootstrap over keys
+// (each key drawn a Poisson(1) number of times, 400 resamples by default)
+// gives the 95% percentile intervals. With no duplicates at a retention,
+// the interval is the rule of three: below 3/operations. A trace with
+// fewer than 3/target operations cannot show a rate as low as the target,
+// and gets no recommendation.
 //
 // # Traffic
 //
@@ -25,48 +60,58 @@
 // the client retries with exponential backoff (-retries, -retry-base,
 // -retry-factor, -retry-jitter, -retry-cap), so a retained record answers
 // the retry. A share of operations (-late-share) is delivered once more
-// after a lognormal delay (-late-median, -late-p99). A seed (-seed) fixes
-// every draw, so a run can be repeated exactly.
+// after a lognormal delay (-late-median, -late-p99). fn runs for -op-time.
+// A seed (-seed) fixes every draw, so a run can be repeated exactly.
 //
-// A trace (-trace FILE) replays recorded requests instead: CSV lines
+// A trace (-trace FILE, or - for stdin, gzipped or not) replays recorded
+// requests instead: CSV lines
 //
-//	key,unix_ms[,fingerprint]
+//	key,time[,fingerprint[,duration]]
 //
-// one per request, in any order (they are sorted by time), where unix_ms is
-// the request's time in milliseconds since 1970 and the optional
-// fingerprint stands for its parameters. The first request with a key is
-// the operation; later ones are retries. Lines starting with '#', blank
-// lines and a header line "key,unix_ms,..." are skipped; a key holding a
-// comma or a quote is quoted as in CSV. Errors name the line.
+// one per request, in any order (they are sorted by time). With -columns a
+// header line names the columns to read (key=NAME,time=NAME, and
+// optionally fingerprint=NAME and duration=NAME); others are ignored.
+// Times are RFC 3339, or Unix times in -time-unit (s, ms, us, ns); a Unix
+// time that reads as before 1995 or after 2100 is refused (exit 2) with the
+// unit the numbers look like: seconds read as milliseconds fall in January
+// 1970. The first request with a key is the operation; later ones are
+// retries. Errors name the line. Memory is bounded while reading: the lines
+// are not kept, only 96-bit hashes of the keys and 64-bit hashes of the
+// fingerprints (keytable.go), about 21 bytes a request.
 //
 // # Time
 //
 // On miniredis, time is virtual. The server's clock (miniredis SetTime) is
-// moved to each request's time. Records expire exactly when their TTL,
+// moved to each event's time. Records expire exactly when their TTL,
 // counted in virtual time, runs out: ttlbench tracks each record's expiry,
 // brings a record's TTL up to date just before a script touches it (the
 // library's scripts read leases from the TTL) and deletes it when its time
 // is up, which is what miniredis's FastForward would do at a cost that does
-// not grow with the number of live records.
-// The function given to Do is instant, and WithWait(0) keeps anything from
-// blocking on the wall clock.
+// not grow with the number of live records. WithWait(0) keeps anything from
+// blocking on the wall clock; an fn that runs for a while (a duration) runs
+// in a goroutine that the replay releases at its end, and must be shorter
+// than the lease, which idem does not renew in virtual time.
 //
 // On a real Redis (-redis ADDR), time runs -time-scale times faster than
 // the traffic's: retentions, the lease and the pauses between requests are
-// divided by it and ttlbench sleeps in real time. Each policy's keys get a
-// prefix of their own, and only keys with that prefix are deleted at the
-// end.
+// divided by it and ttlbench sleeps in real time. A scale that leaves the
+// lease under 250ms of real time is refused (exit 2, naming the largest
+// safe scale): on a busy machine such a lease ends before its owner
+// records the outcome. Each policy's keys get a prefix of their own, and
+// only keys with that prefix are deleted at the end.
 //
 // # Output
 //
-// A table (or, with -json, one JSON object per policy per line, with the
-// fields retention, retention_ms, operations, requests, retries, replays,
-// conflicts, duplicates, duplicate_rate, peak_records, peak_bytes,
-// bytes_method and recommended), and with -svg FILE a chart of duplicate
-// rate against peak memory for a design review. Peak bytes are, on
-// miniredis, the key names, field names and values of the live records (the
-// data, without Redis's overhead: about 110 bytes a record on Redis 7 while
-// the result is at most 64 bytes, about 500 when longer); on a real Redis,
-// the MEMORY USAGE of each record. Output files are written whole or not at
-// all.
+// A table (or, with -json, one JSON object per retention per line, then a
+// summary object), and with -svg FILE a chart for a design review: the
+// duplicate rate against peak memory, one point per retention, and the
+// retry gaps' survival curve (the share of later requests that come R or
+// more after their operation's outcome was recorded) against the
+// retention, with the memory each retention costs. Peak bytes are, with
+// the fast engine and miniredis, the key names and values of the live
+// records (a finished record with a UUID key, a fingerprint and a 100-byte
+// result holds 181 bytes; Redis 7.0 says 248 by MEMORY USAGE); on a real
+// Redis, the MEMORY USAGE of each record. Output files are written whole or
+// not at all. A progress bar (phase, rate, time left) is drawn on a
+// terminal only.
 package main

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,12 +17,27 @@ import (
 
 // config is what the command line asks for.
 type config struct {
-	work   Workload
-	trace  string // file of recorded requests; replaces work
-	opts   Options
-	target float64
-	json   bool
-	svg    string // file to write the chart to
+	work      Workload
+	trace     string // file of recorded requests, or "-" for stdin; replaces work
+	format    TraceFormat
+	columns   string // -columns, parsed into format
+	timeUnit  string // -time-unit, parsed into format
+	opts      Options
+	target    float64
+	resamples int // bootstrap resamples
+	json      bool
+	svg       string // file to write the chart to
+}
+
+// minRealLease is the shortest lease, in real time, that a run against a
+// real Redis accepts: a claim, a request's pause and its completion must fit
+// in it on a busy machine, or the owner loses the lease mid-run.
+const minRealLease = 250 * time.Millisecond
+
+// maxTimeScale returns the largest -time-scale that leaves lease at least
+// minRealLease of real time, formatted for a message.
+func maxTimeScale(lease time.Duration) string {
+	return strconv.FormatFloat(math.Floor(float64(lease)/float64(minRealLease)*1000)/1000, 'f', -1, 64)
 }
 
 // defaultPolicies are the retentions compared when -policies is not given.
@@ -38,7 +54,8 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 		TimeoutShare: 0.05, Retries: 5, RetryBase: time.Second, RetryFactor: 2, RetryJitter: 0.2, RetryCap: time.Minute,
 		LateShare: 0.02, LateMedian: 5 * time.Minute, LateP99: 2 * time.Hour,
 	}
-	cfg.opts = Options{Lease: 30 * time.Second, ResultSize: 256, TimeScale: 1}
+	cfg.opts = Options{Lease: 30 * time.Second, ResultSize: 256, TimeScale: 1, Engine: engineFast}
+	cfg.timeUnit, cfg.resamples = "ms", 400
 	cfg.opts.Policies, _ = parsePolicies(defaultPolicies)
 
 	w := &cfg.work
@@ -53,25 +70,33 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.Float64Var(&w.LateShare, "late-share", w.LateShare, "share of operations redelivered once more, late")
 	fs.Var(durationValue{&w.LateMedian}, "late-median", "median `delay` of a late redelivery after the first attempt")
 	fs.Var(durationValue{&w.LateP99}, "late-p99", "99th percentile of that `delay` (lognormal)")
+	fs.Var(durationValue{&w.OpTime}, "op-time", "`duration` of each fn, from claim to recorded outcome; requests meanwhile find it in progress")
 	fs.Uint64Var(&w.Seed, "seed", w.Seed, "seed of the random draws: the same seed gives the same report")
-	fs.StringVar(&cfg.trace, "trace", "", "replay recorded requests from `FILE` (CSV key,unix_ms[,fingerprint]) instead of the model")
+	fs.StringVar(&cfg.trace, "trace", "", "replay recorded requests from `FILE` (CSV key,time[,fingerprint[,duration]], gzip or not; - for stdin) instead of the model")
+	fs.StringVar(&cfg.columns, "columns", "", "the trace starts with a header: read the columns it `names`, as key=NAME,time=NAME[,fingerprint=NAME][,duration=NAME]")
+	fs.StringVar(&cfg.timeUnit, "time-unit", cfg.timeUnit, "`unit` of the trace's numeric (Unix) times: s, ms, us or ns; RFC 3339 times need none")
 
 	o := &cfg.opts
 	fs.Var(policiesValue{&o.Policies}, "policies", "`retentions` to compare, comma-separated (units ms, s, m, h, d)")
 	fs.Var(durationValue{&o.Lease}, "lease", "`duration` of the lease given to idem (WithLease); at most the shortest retention")
 	fs.IntVar(&o.ResultSize, "result-size", o.ResultSize, "`bytes` of the result fn returns, which each record stores")
-	fs.StringVar(&o.Redis, "redis", "", "run against the Redis at `ADDR` (host:port or redis://...) instead of miniredis")
+	fs.StringVar(&o.Engine, "engine", o.Engine, "`how` to replay: fast (the protocol's rules in Go) or real (through idem.Client.Do on miniredis, slow)")
+	fs.StringVar(&o.Redis, "redis", "", "run against the Redis at `ADDR` (host:port or redis://...) instead of miniredis; implies -engine real")
 	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "with -redis, run time `N` times faster than the traffic's")
 
 	fs.Float64Var(&cfg.target, "target", 0, "highest acceptable duplicate `rate` (duplicates per operation) for the recommendation")
-	fs.BoolVar(&cfg.json, "json", false, "print one JSON object per policy per line instead of the table")
+	fs.IntVar(&cfg.resamples, "bootstrap", cfg.resamples, "`resamples` of the keys for the 95% intervals (0: none)")
+	fs.BoolVar(&cfg.json, "json", false, "print one JSON object per retention per line, then a summary, instead of the table")
 	fs.StringVar(&cfg.svg, "svg", "", "also write a chart of the trade-off to `FILE` (SVG)")
 	return fs
 }
 
 // workloadFlags are the model's flags, which a trace replaces.
 var workloadFlags = []string{"ops", "rate", "timeout-share", "retries", "retry-base", "retry-factor",
-	"retry-jitter", "retry-cap", "late-share", "late-median", "late-p99", "seed"}
+	"retry-jitter", "retry-cap", "late-share", "late-median", "late-p99", "op-time", "seed"}
+
+// traceFlags apply to a trace only.
+var traceFlags = []string{"columns", "time-unit"}
 
 // parseFlags parses and checks the command line. It returns flag.ErrHelp
 // for -h and -help.
@@ -105,7 +130,24 @@ func (cfg *config) check(set map[string]bool) error {
 				bad(name, "cannot be used with -trace: the trace is the workload")
 			}
 		}
+		if cfg.columns != "" {
+			m, err := parseColumns(cfg.columns)
+			if err != nil {
+				bad("columns", "%v", err)
+			}
+			cfg.format.Columns = m
+		}
+		u, err := parseTimeUnit(cfg.timeUnit)
+		if err != nil {
+			bad("time-unit", "%v", err)
+		}
+		cfg.format.TimeUnit = u
 	} else {
+		for _, name := range traceFlags {
+			if set[name] {
+				bad(name, "applies to -trace only")
+			}
+		}
 		if w.Ops < 1 || w.Ops > math.MaxInt32 {
 			bad("ops", "must be between 1 and %d, got %d", math.MaxInt32, w.Ops)
 		}
@@ -138,6 +180,24 @@ func (cfg *config) check(set map[string]bool) error {
 		if w.LateP99 <= w.LateMedian {
 			bad("late-p99", "must be longer than -late-median (%s), got %s", shortDuration(w.LateMedian), w.LateP99)
 		}
+		if w.OpTime < 0 || w.OpTime > maxDelay {
+			bad("op-time", "must be between 0 and %s, got %s", shortDuration(maxDelay), w.OpTime)
+		}
+	}
+	switch {
+	case o.Engine != engineFast && o.Engine != engineReal:
+		bad("engine", "must be fast or real, got %q", o.Engine)
+	case o.Redis != "" && set["engine"] && o.Engine != engineReal:
+		bad("engine", "-redis replays through the library: it takes -engine real, not %s", o.Engine)
+	case o.Redis != "":
+		cfg.opts.Engine = engineReal
+	}
+	if cfg.opts.Engine == engineReal && cfg.trace == "" && w.OpTime >= o.Lease {
+		bad("op-time", "-engine real replays on a virtual clock, where idem renews no lease: each fn must be shorter than the lease (-lease %s), got %s",
+			shortDuration(o.Lease), shortDuration(w.OpTime))
+	}
+	if cfg.resamples < 0 || cfg.resamples > 100000 {
+		bad("bootstrap", "must be between 0 and 100000, got %d", cfg.resamples)
 	}
 
 	if o.Lease < 10*time.Millisecond {
@@ -162,9 +222,10 @@ func (cfg *config) check(set map[string]bool) error {
 	case !(o.TimeScale >= 1) || math.IsInf(o.TimeScale, 0):
 		bad("time-scale", "must be at least 1, got %v", o.TimeScale)
 	case o.Redis != "":
-		if l := scaled(o.Lease, o.TimeScale); l < 10*time.Millisecond {
-			bad("time-scale", "%v makes the lease %s, below idem's minimum of 10ms; lower -time-scale or raise -lease",
-				o.TimeScale, l)
+		if l := time.Duration(float64(o.Lease) / o.TimeScale); l < minRealLease {
+			bad("time-scale", "%v leaves the lease (-lease %s) %s of real time, under the %s a lease needs to survive a "+
+				"loaded machine (the run would die mid-way with \"lease lost\"); the largest safe -time-scale is %s, or raise -lease",
+				o.TimeScale, shortDuration(o.Lease), l.Round(time.Microsecond), minRealLease, maxTimeScale(o.Lease))
 		}
 		if _, err := redisOptions(o.Redis); err != nil {
 			errs = append(errs, err)
@@ -178,19 +239,45 @@ func (cfg *config) check(set map[string]bool) error {
 	return errors.Join(errs...)
 }
 
-// plan returns the traffic to replay: the trace, or the model's.
-func (cfg *config) plan() (*Plan, error) {
+// plan returns the traffic to replay: the trace, or the model's. Reading
+// a trace counts its bytes on prog.
+func (cfg *config) plan(ctx context.Context, stdin io.Reader, prog *progress) (*Plan, error) {
+	keys := cfg.opts.Engine == engineReal
 	if cfg.trace == "" {
-		return cfg.work.Plan(), nil
+		return cfg.work.Plan(keys), nil
 	}
-	f, err := os.Open(cfg.trace)
-	if err != nil {
-		return nil, fmt.Errorf("-trace: %w", err)
+	f := cfg.format
+	f.KeepKeys = keys
+	f.Progress = &prog.Done
+	name, r := "stdin", stdin
+	if cfg.trace != "-" {
+		file, err := os.Open(cfg.trace)
+		if err != nil {
+			return nil, fmt.Errorf("-trace: %w", err)
+		}
+		defer file.Close()
+		name, r = cfg.trace, file
+		f.SizeHint = sizeHint(file)
+		var size int64
+		if fi, err := file.Stat(); err == nil {
+			size = fi.Size()
+		}
+		prog.phase("reading "+filepath.Base(cfg.trace), "bytes", size)
+	} else {
+		prog.phase("reading stdin", "bytes", 0)
 	}
-	defer f.Close()
-	p, err := ReadTrace(f)
+	p, err := ReadTrace(ctx, r, f)
 	if err != nil {
-		return nil, fmt.Errorf("-trace %s: %w", cfg.trace, err)
+		return nil, fmt.Errorf("-trace %s: %w", name, err)
+	}
+	if keys && p.Dur != nil {
+		for i, d := range p.Dur {
+			if d >= cfg.opts.Lease {
+				return nil, fmt.Errorf("-trace %s: request %d (key %q) runs fn for %s: -engine real replays on a virtual clock, "+
+					"where idem renews no lease, so each fn must be shorter than the lease (-lease %s); use -engine fast",
+					name, i+1, p.Keys[p.Op[i]], shortDuration(d), shortDuration(cfg.opts.Lease))
+			}
+		}
 	}
 	return p, nil
 }

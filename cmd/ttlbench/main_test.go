@@ -26,15 +26,22 @@ var small = []string{"-ops", "80", "-rate", "0.05", "-timeout-share", "0.2", "-l
 // runCmd runs the command and returns its exit code and outputs.
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
+	return runCmdStdin(t, "", args...)
+}
+
+// runCmdStdin runs the command with stdin and returns its exit code and
+// outputs.
+func runCmdStdin(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
 	var out, errOut bytes.Buffer
-	code = run(context.Background(), args, &out, &errOut)
+	code = run(context.Background(), args, strings.NewReader(stdin), &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 
 func TestBadFlagsNameTheFlag(t *testing.T) {
 	t.Parallel()
 	trace := filepath.Join(t.TempDir(), "trace.csv")
-	if err := os.WriteFile(trace, []byte("a,1\n"), 0o644); err != nil {
+	if err := os.WriteFile(trace, []byte("a,1700000000000\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -67,6 +74,16 @@ func TestBadFlagsNameTheFlag(t *testing.T) {
 		{[]string{"-svg", "/no/such/dir/chart.svg"}, "-svg"},
 		{[]string{"-trace", trace, "-ops", "10"}, "-ops"},
 		{[]string{"-trace", trace, "-seed", "2"}, "-seed"},
+		{[]string{"-trace", trace, "-op-time", "1s"}, "-op-time"},
+		{[]string{"-time-unit", "s"}, "-time-unit"},
+		{[]string{"-columns", "key=k,time=t"}, "-columns"},
+		{[]string{"-trace", trace, "-time-unit", "minutes"}, "-time-unit"},
+		{[]string{"-trace", trace, "-columns", "key=k"}, "-columns"},
+		{[]string{"-trace", trace, "-columns", "key=k,time=t,colour=c"}, "-columns"},
+		{[]string{"-engine", "slow"}, "-engine"},
+		{[]string{"-redis", "localhost:1", "-engine", "fast"}, "-engine"},
+		{[]string{"-engine", "real", "-op-time", "30s"}, "-op-time"},
+		{[]string{"-bootstrap", "-1"}, "-bootstrap"},
 		{[]string{"-nope"}, "-nope"},
 		{[]string{"extra"}, `"extra"`},
 	} {
@@ -83,13 +100,52 @@ func TestBadFlagsNameTheFlag(t *testing.T) {
 	}
 }
 
+// TestTimeScaleKeepsTheLeaseSafe checks that -time-scale is refused, with
+// the largest safe value, when it leaves the lease under 250ms of real
+// time: such runs died mid-way with "lease lost" on a loaded machine.
+func TestTimeScaleKeepsTheLeaseSafe(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		ok   bool
+		max  string
+	}{
+		{[]string{"-time-scale", "120"}, true, ""}, // 30s / 120 = 250ms
+		{[]string{"-time-scale", "121"}, false, "120"},
+		{[]string{"-time-scale", "1000"}, false, "120"},
+		{[]string{"-lease", "1m", "-time-scale", "240"}, true, ""},
+		{[]string{"-lease", "1m", "-time-scale", "600"}, false, "240"},
+		{[]string{"-lease", "1s", "-policies", "1m", "-time-scale", "5"}, false, "4"},
+		{[]string{"-lease", "1100ms", "-policies", "1m", "-time-scale", "5"}, false, "4.4"},
+	} {
+		args := append([]string{"-redis", "localhost:1"}, tc.args...)
+		_, err := parseFlags(args)
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%q refused: %v", args, err)
+		case !tc.ok && err == nil:
+			t.Errorf("%q accepted; want it refused", args)
+		case !tc.ok:
+			msg := err.Error()
+			if !strings.Contains(msg, "-time-scale") || !strings.Contains(msg, "250ms") ||
+				!strings.Contains(msg, "largest safe -time-scale is "+tc.max+",") {
+				t.Errorf("%q: error %q does not name -time-scale, the 250ms floor and the largest safe value %s", args, msg, tc.max)
+			}
+		}
+	}
+	code, _, stderr := runCmd(t, "-redis", "localhost:1", "-time-scale", "1000")
+	if code != exitUsage || !strings.Contains(stderr, "120") {
+		t.Errorf("exit code %d, stderr %q; want %d and the largest safe scale, 120", code, stderr, exitUsage)
+	}
+}
+
 func TestHelp(t *testing.T) {
 	t.Parallel()
 	code, stdout, _ := runCmd(t, "-h")
 	if code != exitOK {
 		t.Errorf("exit code %d, want 0", code)
 	}
-	for _, want := range []string{"key,unix_ms[,fingerprint]", "-policies", "MEMORY USAGE", "-time-scale"} {
+	for _, want := range []string{"key,time[,fingerprint[,duration]]", "-policies", "MEMORY USAGE", "-time-scale", "-columns", "-time-unit", "-engine"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("help lacks %q", want)
 		}
@@ -116,38 +172,87 @@ func TestSameSeedSameTable(t *testing.T) {
 	}
 }
 
+// readJSON splits -json output into its rows and its summary.
+func readJSON(t *testing.T, stdout string) ([]jsonResult, jsonSummary) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
+	var rows []jsonResult
+	var sum jsonSummary
+	for i, line := range lines {
+		dec := json.NewDecoder(strings.NewReader(line))
+		dec.DisallowUnknownFields()
+		if i == len(lines)-1 {
+			if err := dec.Decode(&sum); err != nil {
+				t.Fatalf("last line is not the summary: %v: %s", err, line)
+			}
+			break
+		}
+		var r jsonResult
+		if err := dec.Decode(&r); err != nil {
+			t.Fatalf("line %d: %v: %s", i+1, err, line)
+		}
+		rows = append(rows, r)
+	}
+	return rows, sum
+}
+
 func TestJSONLines(t *testing.T) {
 	t.Parallel()
 	code, stdout, stderr := runCmd(t, append([]string{"-json"}, small...)...)
 	if code != 0 {
 		t.Fatalf("exit code %d: %s", code, stderr)
 	}
-	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
-	if len(lines) != 4 {
-		t.Fatalf("got %d lines, want one per policy (4):\n%s", len(lines), stdout)
-	}
-	recommended := 0
-	for i, line := range lines {
+	for i, line := range strings.Split(strings.TrimSuffix(stdout, "\n"), "\n") {
 		var m map[string]any
 		if err := json.Unmarshal([]byte(line), &m); err != nil {
 			t.Fatalf("line %d: %v: %s", i+1, err, line)
 		}
-		for _, f := range []string{"retention", "duplicates", "duplicate_rate", "peak_records", "peak_bytes", "operations", "retries", "recommended"} {
+		if _, ok := m["summary"]; ok {
+			continue
+		}
+		for _, f := range []string{"retention", "duplicates", "duplicate_rate", "duplicate_rate_low", "duplicate_rate_high",
+			"peak_records", "peak_bytes", "operations", "retries", "in_progress", "conflicts", "grid", "searched", "recommended"} {
 			if _, ok := m[f]; !ok {
 				t.Errorf("line %d lacks %q: %s", i+1, f, line)
 			}
 		}
-		if m["recommended"] == true {
-			recommended++
+	}
+	rows, sum := readJSON(t, stdout)
+	grid, recommended := 0, ""
+	for i, r := range rows {
+		if r.Grid {
+			grid++
+		}
+		if r.Recommended {
+			if recommended != "" {
+				t.Errorf("both %s and %s recommended", recommended, r.Retention)
+			}
+			recommended = r.Retention
+			if !r.Searched {
+				t.Errorf("%s recommended but not the searched retention", r.Retention)
+			}
+		}
+		if i > 0 && r.RetentionMS <= rows[i-1].RetentionMS {
+			t.Errorf("rows out of order: %s after %s", r.Retention, rows[i-1].Retention)
+		}
+		if r.Operations != 80 {
+			t.Errorf("%s: %d operations, want 80", r.Retention, r.Operations)
+		}
+		if *r.RateLow > r.DuplicateRate || *r.RateHigh < r.DuplicateRate {
+			t.Errorf("%s: rate %v outside its interval [%v, %v]", r.Retention, r.DuplicateRate, *r.RateLow, *r.RateHigh)
 		}
 	}
-	var first jsonResult
-	_ = json.Unmarshal([]byte(lines[0]), &first)
-	if first.Retention != "1m" || first.Operations != 80 {
-		t.Errorf("first line: got retention %q and %d operations, want 1m and 80", first.Retention, first.Operations)
+	if grid != 4 {
+		t.Errorf("%d grid rows, want the 4 of -policies", grid)
 	}
-	if recommended != 1 {
-		t.Errorf("%d policies recommended, want 1", recommended)
+	if recommended == "" || sum.Summary.Recommended != recommended {
+		t.Errorf("recommended row %q, summary %q; want the same, set", recommended, sum.Summary.Recommended)
+	}
+	if lo, hi := sum.Summary.RetentionLowMS, sum.Summary.RetentionHighMS; lo == nil || hi == nil || *lo > *hi {
+		t.Errorf("retention interval %v–%v", lo, hi)
+	}
+	if sum.Summary.Gaps.Count == 0 || sum.Summary.Gaps.MaxMS < sum.Summary.Gaps.P50MS {
+		t.Errorf("gaps %+v", sum.Summary.Gaps)
 	}
 }
 
@@ -163,7 +268,7 @@ func TestSVG(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	points, recommended := 0, 0
+	points, recommended, survival, memory := 0, 0, 0, 0
 	dec := xml.NewDecoder(bytes.NewReader(data))
 	var root string
 	for {
@@ -179,6 +284,12 @@ func TestSVG(t *testing.T) {
 				root = se.Name.Local
 			}
 			for _, a := range se.Attr {
+				if a.Name.Local == "class" && a.Value == "survival" {
+					survival++
+				}
+				if a.Name.Local == "class" && a.Value == "memory" {
+					memory++
+				}
 				if se.Name.Local == "circle" && a.Name.Local == "class" {
 					points++
 					if strings.Contains(a.Value, "recommended") {
@@ -191,8 +302,11 @@ func TestSVG(t *testing.T) {
 	if root != "svg" {
 		t.Errorf("root element %q, want svg", root)
 	}
-	if points != 4 || recommended != 1 {
-		t.Errorf("got %d points, %d recommended; want 4 and 1", points, recommended)
+	if points < 4 || points > 5 || recommended != 1 {
+		t.Errorf("got %d points, %d recommended; want one per retention (4, and the searched one) and 1", points, recommended)
+	}
+	if survival != 1 || memory != points {
+		t.Errorf("got %d survival curves and %d memory points; want 1, and one per retention (%d)", survival, memory, points)
 	}
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {
@@ -204,7 +318,7 @@ func TestFailedRunWritesNoChart(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "trace.csv")
-	if err := os.WriteFile(trace, []byte("a,1\nb,later\n"), 0o644); err != nil {
+	if err := os.WriteFile(trace, []byte("a,1700000000000\nb,later\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "chart.svg")
@@ -233,25 +347,27 @@ func TestTraceRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit code %d: %s", code, stderr)
 	}
-	var got []jsonResult
-	for line := range strings.SplitSeq(strings.TrimSpace(stdout), "\n") {
-		var r jsonResult
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, r)
-	}
+	got, sum := readJSON(t, stdout)
+	// The smallest retention without duplicates is just over 2h, rounded
+	// up to the minute (1% of 2h is 72s).
 	want := []struct {
+		retention     string
 		dups, records int
 		recommended   bool
-	}{{2, 3, false}, {1, 3, false}, {0, 3, true}}
+	}{{"1m", 2, 3, false}, {"10m", 1, 3, false}, {"2h1m", 0, 3, true}, {"6h", 0, 3, false}}
+	if len(got) != len(want) {
+		t.Fatalf("got %d rows, want %d:\n%s", len(got), len(want), stdout)
+	}
 	for i, w := range want {
-		if got[i].Duplicates != w.dups || got[i].PeakRecords != w.records || got[i].Recommended != w.recommended {
-			t.Errorf("%s: got %d duplicates, %d peak records, recommended %v; want %d, %d, %v",
-				got[i].Retention, got[i].Duplicates, got[i].PeakRecords, got[i].Recommended, w.dups, w.records, w.recommended)
+		if got[i].Retention != w.retention || got[i].Duplicates != w.dups || got[i].PeakRecords != w.records || got[i].Recommended != w.recommended {
+			t.Errorf("row %d: got %s: %d duplicates, %d peak records, recommended %v; want %s: %d, %d, %v", i,
+				got[i].Retention, got[i].Duplicates, got[i].PeakRecords, got[i].Recommended, w.retention, w.dups, w.records, w.recommended)
 		}
 		if got[i].Operations != 3 || got[i].Retries != 2 {
 			t.Errorf("%s: got %d operations, %d retries; want 3, 2", got[i].Retention, got[i].Operations, got[i].Retries)
 		}
+	}
+	if g := sum.Summary.Gaps; g.Count != 2 || g.MaxMS != 7200000 || g.P50MS != 120000 {
+		t.Errorf("gaps %+v; want 2, the larger 2h, the median 2m", g)
 	}
 }

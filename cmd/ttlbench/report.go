@@ -4,20 +4,36 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 )
 
-// A Report is the outcome of a run: one result per policy and the
-// recommendation.
+// What a finished record with a UUID key, a fingerprint and a 100-byte
+// result takes under idem's default prefix, measured by TestRecordSize
+// with Redis 7.0.15 (jemalloc): its key and value bytes, and MEMORY USAGE.
+const (
+	recordPayload = 181
+	recordMemory  = 248
+)
+
+// redisOverhead says what Redis adds to a record's key and value bytes.
+var redisOverhead = fmt.Sprintf("Redis 7 adds about %d a finished record\n"+
+	"  (MEMORY USAGE of one with a UUID key and a 100-byte result: %d bytes, %d of them key and value)",
+	recordMemory-recordPayload, recordMemory, recordPayload)
+
+// A Report is the outcome of a run: one result per retention replayed
+// (the grid's and the searched one), the recommendation, the retry gaps
+// and the intervals.
 type Report struct {
 	// Workload describes the traffic, in one line.
 	Workload string
-	// Setup describes the records and the store, in one line.
+	// Setup describes the records and the engine, in one line.
 	Setup string
 	// Traffic summarises the plan: its span and how many requests of each
 	// kind.
@@ -26,84 +42,176 @@ type Report struct {
 	Target float64
 	// Results are in ascending order of retention.
 	Results []Result
-	// Recommended indexes Results: the shortest retention whose duplicate
-	// rate is at most Target; -1 when none is.
-	Recommended int
+	// Grid says which results are -policies' (the others: the searched).
+	Grid []bool
+	// Searched indexes Results: the shortest retention meeting the target,
+	// searched; -1 when the trace is too small to search (TooSmall).
+	Searched int
+	// TooSmall is set when the trace has too few operations to show a
+	// duplicate rate as low as the target: fewer than 3/target.
+	TooSmall bool
+	// Intervals are, by result, the 95% intervals of the duplicate rate:
+	// from the bootstrap when there are duplicates; [0, 3/Ops] (the rule of
+	// three) when there are none. Nil without a bootstrap.
+	Intervals [][2]float64
+	// RetentionInterval is the 95% bootstrap interval of the searched
+	// retention; Resamples the number of resamples (0: no bootstrap).
+	RetentionInterval [2]time.Duration
+	Resamples         int
+	// Gaps summarises the retry gaps; Survival samples their survival
+	// curve for the chart.
+	Gaps     gapStats
+	Survival []survivalPoint
+	// Approx counts keys with so many requests that their duplicates were
+	// found on a ladder of retentions 1% apart rather than exactly.
+	Approx int
 	// Arrivals is the time from the first operation's arrival to the
 	// last's: a retention longer than that never reaches a steady state.
 	Arrivals time.Duration
 	// Ops is the number of operations.
 	Ops int
+	// Floor is the shortest retention searched: the lease.
+	Floor time.Duration
+}
+
+// survivalPoint is a point of the gaps' survival curve: the share of later
+// requests whose gap is at least R.
+type survivalPoint struct {
+	R     time.Duration
+	Share float64
 }
 
 // NewReport builds the report of a run of plan; results must be in
-// ascending order of retention.
-func NewReport(plan *Plan, results []Result, opts Options, target float64) *Report {
+// ascending order of retention and include the searched one (-1: none).
+func NewReport(plan *Plan, a *analysis, results []Result, grid []time.Duration, searched time.Duration, bs *bootstrap, cfg *config) *Report {
+	opts := cfg.opts
 	r := &Report{
-		Workload:    plan.Source,
-		Setup:       fmt.Sprintf("results of %s, lease %s, ", formatBytes(int64(opts.ResultSize)), shortDuration(opts.Lease)),
-		Target:      target,
-		Results:     results,
-		Recommended: -1,
-		Ops:         len(plan.Keys),
+		Workload: plan.Source,
+		Setup:    fmt.Sprintf("results of %s, lease %s, ", formatBytes(int64(opts.ResultSize)), shortDuration(opts.Lease)),
+		Target:   cfg.target,
+		Results:  results,
+		Searched: -1,
+		TooSmall: searched < 0,
+		Gaps:     summariseGaps(a.gaps),
+		Approx:   a.approx,
+		Arrivals: plan.Arrivals(),
+		Ops:      plan.Ops(),
+		Floor:    opts.Lease,
 	}
-	for _, e := range plan.Events {
-		if e.Kind == First {
-			r.Arrivals = e.At
+	later := plan.Len() - plan.Ops()
+	r.Traffic = fmt.Sprintf("%s of traffic: %d requests for %d operations", roughDuration(plan.Span()), plan.Len(), plan.Ops())
+	if later > 0 {
+		r.Traffic += fmt.Sprintf(", %d of them retries", later)
+		if late := plan.Count(Late); late > 0 {
+			r.Traffic += fmt.Sprintf(" (%d after a client timeout, %d late redeliveries)", plan.Count(Retry), late)
 		}
 	}
-	r.Traffic = fmt.Sprintf("%s of traffic: %d operations, %d requests", roughDuration(plan.Span()), len(plan.Keys), len(plan.Events))
-	if retries, late := plan.Count(Retry), plan.Count(Late); retries+late > 0 {
-		r.Traffic += fmt.Sprintf(" (%d retries", retries)
-		if late > 0 {
-			r.Traffic += fmt.Sprintf(", %d late redeliveries", late)
-		}
-		r.Traffic += ")"
-	}
-	if opts.Redis != "" {
-		r.Setup += fmt.Sprintf("Redis at %s, time %s× faster", opts.Redis, strconv.FormatFloat(opts.TimeScale, 'g', -1, 64))
-	} else {
-		r.Setup += "embedded miniredis on a virtual clock"
+	switch {
+	case opts.Redis != "":
+		r.Setup += fmt.Sprintf("idem on the Redis at %s, time %s× faster", opts.Redis, strconv.FormatFloat(opts.TimeScale, 'g', -1, 64))
+	case opts.Engine == engineReal:
+		r.Setup += "idem on an embedded miniredis with a virtual clock (-engine real)"
+	default:
+		r.Setup += "fast engine (idem's rules in Go, held to the library by a test)"
 	}
 	for i, res := range results {
-		if res.DuplicateRate() <= target {
-			r.Recommended = i
-			break
+		r.Grid = append(r.Grid, slices.Contains(grid, res.Retention))
+		if res.Retention == searched {
+			r.Searched = i
+		}
+	}
+	if bs != nil {
+		r.Resamples = bs.resamples
+		r.RetentionInterval = bs.retention
+		for i, res := range results {
+			iv := bs.rate[i]
+			if res.Duplicates == 0 {
+				iv = [2]float64{0, 3 / float64(max(r.Ops, 1))}
+			}
+			r.Intervals = append(r.Intervals, iv)
+		}
+	}
+	// The survival curve, at 200 retentions from the lease to the longest
+	// gap, evenly spaced on a log scale.
+	if top := r.Gaps.Max; top > opts.Lease {
+		lo, hi := math.Log(float64(opts.Lease)), math.Log(float64(top))
+		for k := range 201 {
+			d := time.Duration(math.Exp(lo + (hi-lo)*float64(k)/200))
+			r.Survival = append(r.Survival, survivalPoint{R: d, Share: survival(a.gaps, d)})
 		}
 	}
 	return r
+}
+
+// recommended returns the index of the recommended result, or -1.
+func (r *Report) recommended() int {
+	if r.TooSmall {
+		return -1
+	}
+	return r.Searched
+}
+
+// interval formats a result's 95% interval.
+func (r *Report) interval(i int) string {
+	if r.Intervals == nil {
+		return ""
+	}
+	iv := r.Intervals[i]
+	return rate(iv[0]) + "–" + rate(iv[1])
 }
 
 // WriteTable writes the report as an aligned text table.
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "workload: %s\n", r.Workload)
-	fmt.Fprintf(&b, "simulated %s\n", r.Traffic)
-	fmt.Fprintf(&b, "setup: %s\n\n", r.Setup)
+	fmt.Fprintf(&b, "replayed %s\n", r.Traffic)
+	fmt.Fprintf(&b, "setup: %s\n", r.Setup)
+	if line := r.gapLine(); line != "" {
+		b.WriteString(line + "\n")
+	}
+	b.WriteString("\n")
+
+	conflicts, inProgress := false, false
+	for _, res := range r.Results {
+		conflicts = conflicts || res.Conflicts > 0
+		inProgress = inProgress || res.InProgress > 0
+	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "retention\toperations\tretries\treplays\tduplicates\tduplicate rate\tpeak records\tpeak bytes\t")
-	conflicts := 0
+	head := "retention\treplays\t"
+	if inProgress {
+		head += "in progress\t"
+	}
+	if conflicts {
+		head += "conflicts\t"
+	}
+	head += "duplicates\tduplicate rate\t"
+	if r.Intervals != nil {
+		head += "95% interval\t"
+	}
+	fmt.Fprintln(tw, head+"peak records\tpeak bytes\t")
 	for i, res := range r.Results {
 		mark := ""
-		if i == r.Recommended {
+		if i == r.recommended() {
 			mark = " *"
 		}
-		fmt.Fprintf(tw, "%s%s\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t\n",
-			shortDuration(res.Retention), mark, res.Operations, res.Retries, res.Replays,
-			res.Duplicates, rate(res.DuplicateRate()), res.PeakRecords, formatBytes(res.PeakBytes))
-		conflicts += res.Conflicts
+		row := fmt.Sprintf("%s%s\t%d\t", shortDuration(res.Retention), mark, res.Replays)
+		if inProgress {
+			row += fmt.Sprintf("%d\t", res.InProgress)
+		}
+		if conflicts {
+			row += fmt.Sprintf("%d\t", res.Conflicts)
+		}
+		row += fmt.Sprintf("%d\t%s\t", res.Duplicates, rate(res.DuplicateRate()))
+		if r.Intervals != nil {
+			row += r.interval(i) + "\t"
+		}
+		fmt.Fprintln(tw, row+fmt.Sprintf("%d\t%s\t", res.PeakRecords, formatBytes(res.PeakBytes)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	b.WriteString("\n")
-	if r.Recommended >= 0 {
-		fmt.Fprintf(&b, "recommended: %s (*), the shortest retention with a duplicate rate of at most %s (-target)\n",
-			shortDuration(r.Results[r.Recommended].Retention), rate(r.Target))
-	} else if n := len(r.Results); n > 0 {
-		fmt.Fprintf(&b, "recommended: none: no retention has a duplicate rate of at most %s (-target); the longest, %s, has %s\n",
-			rate(r.Target), shortDuration(r.Results[n-1].Retention), rate(r.Results[n-1].DuplicateRate()))
-	}
+	b.WriteString(r.verdict())
 	var long []string
 	for _, res := range r.Results {
 		if res.Retention > r.Arrivals {
@@ -119,8 +227,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 			"  not a steady state (which holds about arrival rate × retention records)\n",
 			strings.Join(long, ", "), verb, roughDuration(r.Arrivals), peaks, r.Ops)
 	}
-	if conflicts > 0 {
-		b.WriteString("conflicts: some requests reused a key with another fingerprint and got ErrConflict (see -json)\n")
+	if conflicts {
+		b.WriteString("conflicts: requests that reused a key with another fingerprint got ErrConflict\n")
+	}
+	if inProgress {
+		b.WriteString("in progress: requests that came while their operation's fn ran; with WithWait they wait for its outcome\n")
+	}
+	if r.Approx > 0 {
+		fmt.Fprintf(&b, "note: %d keys with more than %d requests each were evaluated at retentions 1%% (or 1s) apart\n", r.Approx, smallKey)
 	}
 	if len(r.Results) > 0 {
 		b.WriteString(bytesNote(r.Results[0].BytesMethod) + "\n")
@@ -129,58 +243,193 @@ func (r *Report) WriteTable(w io.Writer) error {
 	return err
 }
 
+// gapLine summarises the retry gaps in one line.
+func (r *Report) gapLine() string {
+	g := r.Gaps
+	if g.N == 0 {
+		return "retry gaps: none: no key was requested twice"
+	}
+	var parts []string
+	for i, q := range gapQuantiles {
+		parts = append(parts, fmt.Sprintf("p%s %s", strconv.FormatFloat(100*q, 'g', -1, 64), roughDuration(g.Quantiles[i])))
+	}
+	parts = append(parts, "max "+roughDuration(g.Max))
+	s := fmt.Sprintf("retry gaps (from an operation's recorded outcome to each of its %d later requests): %s", g.N, strings.Join(parts, ", "))
+	if g.InProgress > 0 {
+		s += fmt.Sprintf("; %d came while fn ran", g.InProgress)
+	}
+	return s
+}
+
+// verdict is the recommendation, in a few lines.
+func (r *Report) verdict() string {
+	var b strings.Builder
+	if r.TooSmall {
+		need := int(math.Ceil(3 / r.Target))
+		fmt.Fprintf(&b, "recommended: none: the trace is too small to show a duplicate rate as low as %s (-target):\n"+
+			"  with %d operations, no duplicate at all is consistent with a rate of up to 3/%d = %s (95%%);\n"+
+			"  replay at least %d operations, or raise -target\n",
+			rate(r.Target), r.Ops, r.Ops, rate(3/float64(max(r.Ops, 1))), need)
+		return b.String()
+	}
+	i := r.Searched
+	if i < 0 {
+		return ""
+	}
+	res := r.Results[i]
+	fmt.Fprintf(&b, "recommended: %s (*), the shortest retention with a duplicate rate of at most %s (-target), searched to 1%% or 1s:\n",
+		shortDuration(res.Retention), rate(r.Target))
+	fmt.Fprintf(&b, "  duplicate rate %s (%d in %d operations), peak %d records, %s", rate(res.DuplicateRate()), res.Duplicates, r.Ops,
+		res.PeakRecords, formatBytes(res.PeakBytes))
+	var near []string
+	for _, j := range r.nearestGrid(i) {
+		g := r.Results[j]
+		near = append(near, fmt.Sprintf("%s %s (rate %s)", shortDuration(g.Retention), formatBytes(g.PeakBytes), rate(g.DuplicateRate())))
+	}
+	if len(near) > 0 {
+		fmt.Fprintf(&b, "; on the grid, %s", strings.Join(near, " and "))
+	}
+	b.WriteString("\n")
+	if r.Floor > 0 && res.Retention == r.Floor {
+		fmt.Fprintf(&b, "  that is the lease (-lease %s): idem takes no shorter retention\n", shortDuration(r.Floor))
+	}
+	switch {
+	case res.Duplicates == 0 && r.Ops <= 3:
+		fmt.Fprintf(&b, "  but %d operations are too few to show anything of the rate: no duplicate in N operations shows a rate below 3/N (95%%)\n", r.Ops)
+	case res.Duplicates == 0:
+		fmt.Fprintf(&b, "  no duplicate in %d operations does not prove a rate of 0: it shows one below 3/%d = %s (95%%)\n",
+			r.Ops, r.Ops, rate(3/float64(r.Ops)))
+	}
+	if r.Resamples > 0 {
+		fmt.Fprintf(&b, "  95%% interval of the retention, from %d bootstrap resamples of the keys: %s–%s\n",
+			r.Resamples, shortDuration(r.RetentionInterval[0]), shortDuration(r.RetentionInterval[1]))
+	}
+	return b.String()
+}
+
+// nearestGrid returns the grid's results just below and just above result
+// i, where there are such.
+func (r *Report) nearestGrid(i int) []int {
+	var out []int
+	for j := i - 1; j >= 0; j-- {
+		if r.Grid[j] {
+			out = append(out, j)
+			break
+		}
+	}
+	for j := i + 1; j < len(r.Results); j++ {
+		if r.Grid[j] {
+			out = append(out, j)
+			break
+		}
+	}
+	return out
+}
+
 // bytesNote says what "peak bytes" measured.
 func bytesNote(method string) string {
 	if method == bytesMemoryUsage {
 		return "peak bytes: sum of MEMORY USAGE of the live records, each measured after it was written"
 	}
-	// Measured with Redis 7.0.15: a finished record is one string; with a
-	// UUID key, a fingerprint and a 100-byte result, MEMORY USAGE says 264
-	// bytes, of which 45 are the key and 138 the value counted here.
-	return "peak bytes: key and value bytes of the live records; Redis 7 adds about 80 bytes a finished record: measure with -redis"
+	return "peak bytes: key and value bytes of the live records; measure with -redis: " + redisOverhead
 }
 
-// jsonResult is one line of -json output.
+// jsonResult is one line of -json output for a retention.
 type jsonResult struct {
-	Retention     string  `json:"retention"`
-	RetentionMS   int64   `json:"retention_ms"`
-	Operations    int     `json:"operations"`
-	Requests      int     `json:"requests"`
-	Retries       int     `json:"retries"`
-	Replays       int     `json:"replays"`
-	Conflicts     int     `json:"conflicts"`
-	Duplicates    int     `json:"duplicates"`
-	DuplicateRate float64 `json:"duplicate_rate"`
-	PeakRecords   int     `json:"peak_records"`
-	PeakBytes     int64   `json:"peak_bytes"`
-	BytesMethod   string  `json:"bytes_method"`
-	Recommended   bool    `json:"recommended"`
+	Retention     string   `json:"retention"`
+	RetentionMS   int64    `json:"retention_ms"`
+	Operations    int      `json:"operations"`
+	Requests      int      `json:"requests"`
+	Retries       int      `json:"retries"`
+	Replays       int      `json:"replays"`
+	InProgress    int      `json:"in_progress"`
+	Conflicts     int      `json:"conflicts"`
+	Duplicates    int      `json:"duplicates"`
+	DuplicateRate float64  `json:"duplicate_rate"`
+	RateLow       *float64 `json:"duplicate_rate_low,omitempty"`
+	RateHigh      *float64 `json:"duplicate_rate_high,omitempty"`
+	PeakRecords   int      `json:"peak_records"`
+	PeakBytes     int64    `json:"peak_bytes"`
+	BytesMethod   string   `json:"bytes_method"`
+	Grid          bool     `json:"grid"`
+	Searched      bool     `json:"searched"`
+	Recommended   bool     `json:"recommended"`
 }
 
-// WriteJSON writes one JSON object per policy, one per line.
+// jsonSummary is the last line of -json output.
+type jsonSummary struct {
+	Summary struct {
+		Target          float64  `json:"target"`
+		Operations      int      `json:"operations"`
+		TooSmall        bool     `json:"too_small"`
+		Recommended     string   `json:"recommended,omitempty"`
+		RecommendedMS   int64    `json:"recommended_ms,omitempty"`
+		RetentionLowMS  *int64   `json:"retention_low_ms,omitempty"`
+		RetentionHighMS *int64   `json:"retention_high_ms,omitempty"`
+		Resamples       int      `json:"resamples"`
+		Gaps            jsonGaps `json:"gaps"`
+	} `json:"summary"`
+}
+
+// jsonGaps are the retry gaps, in milliseconds.
+type jsonGaps struct {
+	Count      int   `json:"count"`
+	InProgress int   `json:"in_progress"`
+	P50MS      int64 `json:"p50_ms"`
+	P99MS      int64 `json:"p99_ms"`
+	P999MS     int64 `json:"p99_9_ms"`
+	P9999MS    int64 `json:"p99_99_ms"`
+	MaxMS      int64 `json:"max_ms"`
+}
+
+// WriteJSON writes one JSON object per retention, one per line, then a
+// summary object.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	for i, res := range r.Results {
-		err := enc.Encode(jsonResult{
+		j := jsonResult{
 			Retention:     shortDuration(res.Retention),
 			RetentionMS:   res.Retention.Milliseconds(),
 			Operations:    res.Operations,
 			Requests:      res.Requests,
 			Retries:       res.Retries,
 			Replays:       res.Replays,
+			InProgress:    res.InProgress,
 			Conflicts:     res.Conflicts,
 			Duplicates:    res.Duplicates,
 			DuplicateRate: res.DuplicateRate(),
 			PeakRecords:   res.PeakRecords,
 			PeakBytes:     res.PeakBytes,
 			BytesMethod:   res.BytesMethod,
-			Recommended:   i == r.Recommended,
-		})
-		if err != nil {
+			Grid:          r.Grid[i],
+			Searched:      i == r.Searched,
+			Recommended:   i == r.recommended(),
+		}
+		if r.Intervals != nil {
+			j.RateLow, j.RateHigh = &r.Intervals[i][0], &r.Intervals[i][1]
+		}
+		if err := enc.Encode(j); err != nil {
 			return err
 		}
 	}
-	return nil
+	var s jsonSummary
+	m := &s.Summary
+	m.Target, m.Operations, m.TooSmall, m.Resamples = r.Target, r.Ops, r.TooSmall, r.Resamples
+	if i := r.recommended(); i >= 0 {
+		m.Recommended = shortDuration(r.Results[i].Retention)
+		m.RecommendedMS = r.Results[i].Retention.Milliseconds()
+		if r.Resamples > 0 {
+			lo, hi := r.RetentionInterval[0].Milliseconds(), r.RetentionInterval[1].Milliseconds()
+			m.RetentionLowMS, m.RetentionHighMS = &lo, &hi
+		}
+	}
+	g := r.Gaps
+	m.Gaps = jsonGaps{Count: g.N, InProgress: g.InProgress, MaxMS: g.Max.Milliseconds()}
+	if len(g.Quantiles) == 4 {
+		m.Gaps.P50MS, m.Gaps.P99MS, m.Gaps.P999MS, m.Gaps.P9999MS = g.Quantiles[0].Milliseconds(),
+			g.Quantiles[1].Milliseconds(), g.Quantiles[2].Milliseconds(), g.Quantiles[3].Milliseconds()
+	}
+	return enc.Encode(s)
 }
 
 // writeFileAtomic writes data to path through a temporary file in the same
@@ -245,7 +494,18 @@ func roughDuration(d time.Duration) string {
 
 // percent formats a share, 0.05 as "5%".
 func percent(x float64) string {
-	return strconv.FormatFloat(100*x, 'g', 3, 64) + "%"
+	v := 100 * x
+	if v == 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+		return strconv.FormatFloat(v, 'g', 3, 64) + "%"
+	}
+	// Three significant digits, never an exponent: 0.0000643%, not 6.43e-05%.
+	v, _ = strconv.ParseFloat(strconv.FormatFloat(v, 'g', 3, 64), 64)
+	decimals := max(0, 2-int(math.Floor(math.Log10(math.Abs(v)))))
+	s := strconv.FormatFloat(v, 'f', decimals, 64)
+	if strings.Contains(s, ".") {
+		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	}
+	return s + "%"
 }
 
 // rate formats a duplicate rate: exactly "0" for none, else a percentage.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,32 +25,35 @@ func quick(seed uint64) Workload {
 }
 
 func quickOptions(policies ...time.Duration) Options {
-	return Options{Policies: policies, Lease: 30 * time.Second, ResultSize: 64, TimeScale: 1}
+	return Options{Policies: policies, Lease: 30 * time.Second, ResultSize: 64, TimeScale: 1, Engine: engineFast}
 }
+
+// engines are the ways to replay, for tests that check both.
+var engines = []string{engineFast, engineReal}
 
 func withinTwoHours(t *testing.T, p *Plan) {
 	t.Helper()
-	first := make([]time.Duration, len(p.Keys))
-	for _, e := range p.Events {
-		if e.Kind == First {
-			first[e.Op] = e.At
-		} else if d := e.At - first[e.Op]; d >= 2*time.Hour {
-			t.Fatalf("a retry of operation %d comes %s after it; the workload must keep retries within 2h", e.Op, d)
+	first := make([]time.Duration, p.Ops())
+	for i, op := range p.Op {
+		if p.Kind[i] == First {
+			first[op] = p.At[i]
+		} else if d := p.At[i] - first[op]; d >= 2*time.Hour {
+			t.Fatalf("a retry of operation %d comes %s after it; the workload must keep retries within 2h", op, d)
 		}
 	}
 }
 
 func simulate(t *testing.T, p *Plan, opts Options) []Result {
 	t.Helper()
-	rs, err := Simulate(context.Background(), p, opts)
+	rs, err := Simulate(context.Background(), p, opts.Policies, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rs {
 		// Every request ran fn, replayed, or conflicted.
-		if runs := r.Operations + r.Duplicates; r.Requests != runs+r.Replays+r.Conflicts {
-			t.Errorf("%s: %d requests, but %d runs of fn, %d replays and %d conflicts",
-				shortDuration(r.Retention), r.Requests, runs, r.Replays, r.Conflicts)
+		if runs := r.Operations + r.Duplicates; r.Requests != runs+r.Replays+r.Conflicts+r.InProgress {
+			t.Errorf("%s: %d requests, but %d runs of fn, %d replays, %d conflicts and %d in progress",
+				shortDuration(r.Retention), r.Requests, runs, r.Replays, r.Conflicts, r.InProgress)
 		}
 	}
 	return rs
@@ -57,7 +61,7 @@ func simulate(t *testing.T, p *Plan, opts Options) []Result {
 
 func TestLongRetentionHasNoDuplicates(t *testing.T) {
 	t.Parallel()
-	p := quick(1).Plan()
+	p := quick(1).Plan(false)
 	withinTwoHours(t, p)
 	if p.Count(Retry) == 0 || p.Count(Late) == 0 {
 		t.Fatalf("the workload has %d retries and %d late redeliveries; want some of each", p.Count(Retry), p.Count(Late))
@@ -78,7 +82,7 @@ func TestLongerRetentionTradesMemoryForDuplicates(t *testing.T) {
 	t.Parallel()
 	policies := []time.Duration{time.Minute, 10 * time.Minute, time.Hour, 6 * time.Hour, 24 * time.Hour}
 	for seed := uint64(1); seed <= 2; seed++ {
-		rs := simulate(t, quick(seed).Plan(), quickOptions(policies...))
+		rs := simulate(t, quick(seed).Plan(false), quickOptions(policies...))
 		for i := 1; i < len(rs); i++ {
 			a, b := rs[i-1], rs[i]
 			if b.Duplicates > a.Duplicates {
@@ -103,24 +107,27 @@ func TestMatchesFastForward(t *testing.T) {
 	w := quick(4)
 	w.TimeoutShare, w.Retries, w.RetryBase, w.RetryCap = 0.5, 4, 10*time.Second, 2*time.Minute
 	w.LateShare, w.LateMedian = 0.3, 2*time.Minute
-	p := w.Plan()
+	p := w.Plan(true)
 	policies := []time.Duration{time.Minute, 10 * time.Minute, time.Hour}
-	rs := simulate(t, p, quickOptions(policies...))
+	opts := quickOptions(policies...)
+	opts.Engine = engineReal
+	rs := simulate(t, p, opts)
 	for i, retention := range policies {
 		mr := miniredis.RunT(t)
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		c := idem.New(rdb, idem.WithRetention(retention), idem.WithWait(0))
 		mr.SetTime(p.Start)
 		var now time.Duration
-		runs := make([]int, len(p.Keys))
+		runs := make([]int, p.Ops())
 		peak, replays := 0, 0
-		for _, e := range p.Events {
-			mr.FastForward(e.At - now)
-			now = e.At
+		for i, at := range p.At {
+			mr.FastForward(at - now)
+			now = at
 			mr.SetTime(p.Start.Add(now))
 			ran := false
-			if _, err := c.Do(context.Background(), p.Keys[e.Op], e.Fingerprint, func(context.Context) ([]byte, error) {
-				runs[e.Op]++
+			op := p.Op[i]
+			if _, err := c.Do(context.Background(), p.Keys[op], p.fingerprint(i), func(context.Context) ([]byte, error) {
+				runs[op]++
 				ran = true
 				return make([]byte, 64), nil
 			}); err != nil {
@@ -158,47 +165,87 @@ func TestExpiryIsExact(t *testing.T) {
 		{"a,0\na,30000\na,70000\n", 1, 2},
 		{"a,0\na,60000\na,119999\na,120000\n", 1, 3},
 	} {
-		p, err := ReadTrace(strings.NewReader(tc.trace))
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := simulate(t, p, quickOptions(time.Minute))[0]
-		if r.Replays != tc.replays || r.Duplicates+1 != tc.runs {
-			t.Errorf("%q: got %d replays and %d runs, want %d and %d",
-				tc.trace, r.Replays, r.Duplicates+1, tc.replays, tc.runs)
+		p := readTrace(t, tc.trace, engineReal)
+		for _, engine := range engines {
+			opts := quickOptions(time.Minute)
+			opts.Engine = engine
+			r := simulate(t, p, opts)[0]
+			if r.Replays != tc.replays || r.Duplicates+1 != tc.runs {
+				t.Errorf("%s engine: %q: got %d replays and %d runs, want %d and %d",
+					engine, tc.trace, r.Replays, r.Duplicates+1, tc.replays, tc.runs)
+			}
 		}
 	}
 }
 
-func TestConflictsAreCounted(t *testing.T) {
-	t.Parallel()
-	p, err := ReadTrace(strings.NewReader("a,0,x\na,1000,y\na,2000,x\n"))
+// readTrace reads a trace whose times are milliseconds after 2023-11-14,
+// for the engine given.
+func readTrace(t *testing.T, trace, engine string) *Plan {
+	t.Helper()
+	var b strings.Builder
+	for line := range strings.Lines(trace) {
+		f := strings.Split(strings.TrimSuffix(line, "\n"), ",")
+		ms, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f[1] = strconv.FormatInt(1_700_000_000_000+ms, 10)
+		b.WriteString(strings.Join(f, ",") + "\n")
+	}
+	p, err := ReadTrace(context.Background(), strings.NewReader(b.String()), TraceFormat{KeepKeys: engine == engineReal})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := simulate(t, p, quickOptions(time.Minute))[0]
-	if r.Conflicts != 1 || r.Replays != 1 || r.Duplicates != 0 {
-		t.Errorf("got %d conflicts, %d replays, %d duplicates; want 1, 1, 0", r.Conflicts, r.Replays, r.Duplicates)
+	return p
+}
+
+func TestConflictsAreCounted(t *testing.T) {
+	t.Parallel()
+	p := readTrace(t, "a,0,x\na,1000,y\na,2000,x\n", engineReal)
+	for _, engine := range engines {
+		opts := quickOptions(time.Minute)
+		opts.Engine = engine
+		r := simulate(t, p, opts)[0]
+		if r.Conflicts != 1 || r.Replays != 1 || r.Duplicates != 0 {
+			t.Errorf("%s engine: got %d conflicts, %d replays, %d duplicates; want 1, 1, 0", engine, r.Conflicts, r.Replays, r.Duplicates)
+		}
+	}
+}
+
+func TestInProgressIsCounted(t *testing.T) {
+	t.Parallel()
+	// a's fn runs 20s: the request at 10s finds it running, the one at
+	// 20s (as it is recorded) and at 79.999s get the result; at 80s the
+	// record, kept a minute from its recording, is gone.
+	p := readTrace(t, "a,0,x,20000\na,10000,x\na,20000,x\na,79999\na,80000\n", engineReal)
+	for _, engine := range engines {
+		opts := quickOptions(time.Minute)
+		opts.Engine = engine
+		r := simulate(t, p, opts)[0]
+		if r.InProgress != 1 || r.Replays != 2 || r.Duplicates != 1 {
+			t.Errorf("%s engine: got %d in progress, %d replays, %d duplicates; want 1, 2, 1", engine, r.InProgress, r.Replays, r.Duplicates)
+		}
 	}
 }
 
 func TestPeakBytes(t *testing.T) {
 	t.Parallel()
 	// Two records alive at once at 1s, one record after a's expiry.
-	p, err := ReadTrace(strings.NewReader("a,0\nb,1000\nb,70000\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := quickOptions(time.Minute)
-	opts.ResultSize = 1000
-	r := simulate(t, p, opts)[0]
-	if r.PeakRecords != 2 {
-		t.Errorf("peak %d records, want 2", r.PeakRecords)
-	}
-	// Two records: each holds at least its key and the 1000-byte result,
-	// and not ten times that.
-	if r.PeakBytes < 2*1000 || r.PeakBytes > 2*1300 {
-		t.Errorf("peak %d bytes, want a little over 2000", r.PeakBytes)
+	p := readTrace(t, "a,0\nb,1000\nb,70000\n", engineReal)
+	for _, engine := range engines {
+		opts := quickOptions(time.Minute)
+		opts.ResultSize = 1000
+		opts.Engine = engine
+		r := simulate(t, p, opts)[0]
+		if r.PeakRecords != 2 {
+			t.Errorf("%s engine: peak %d records, want 2", engine, r.PeakRecords)
+		}
+		// Two records of "idem:{a}" and a value of 24 bytes besides the
+		// result: "1d", a length byte and no fingerprint, a length byte
+		// and a 16-byte owner token, "1:".
+		if want := int64(2 * (8 + 22 + 1000)); r.PeakBytes != want {
+			t.Errorf("%s engine: peak %d bytes, want %d", engine, r.PeakBytes, want)
+		}
 	}
 }
 
@@ -215,11 +262,25 @@ func TestRealRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// At -time-scale 1000 a 30s lease lasted 30ms of real time, which a
+	// loaded machine overran ("lease lost"). Here the lease is a second of
+	// real time (1m at scale 60), four times ttlbench's floor, and the
+	// traffic spans a few minutes of virtual time: a few seconds of real
+	// time.
 	w := quick(1)
 	w.Ops, w.Rate = 60, 1
-	p := w.Plan()
+	w.LateMedian, w.LateP99 = 90*time.Second, 3*time.Minute
+	p := w.Plan(true)
+	if p.Count(Late) == 0 || p.Span() > 10*time.Minute {
+		t.Fatalf("the workload has %d late redeliveries over %s; want some, within 10m", p.Count(Late), p.Span())
+	}
 	opts := quickOptions(time.Minute, 24*time.Hour)
-	opts.Redis, opts.TimeScale = addr, 1000
+	opts.Lease = time.Minute
+	opts.Redis, opts.TimeScale, opts.Engine = addr, 60, engineReal
+	cfg := &config{work: w, opts: opts}
+	if err := cfg.check(map[string]bool{"time-scale": true}); err != nil {
+		t.Fatalf("ttlbench refuses the test's own settings: %v", err)
+	}
 	rs := simulate(t, p, opts)
 	if rs[0].Duplicates == 0 || rs[1].Duplicates != 0 {
 		t.Errorf("got %d and %d duplicates for 1m and 24h; want some and none", rs[0].Duplicates, rs[1].Duplicates)

@@ -90,8 +90,12 @@ func newMemStore(start time.Time, hook redis.Hook) (*memStore, error) {
 // client returns the client connected to the miniredis.
 func (s *memStore) client() redis.UniversalClient { return s.rdb }
 
-// prefix is fixed: the miniredis holds nothing else.
-func (s *memStore) prefix() string { return "ttlbench" }
+// recordPrefix is the key prefix of records on miniredis: idem's default,
+// so that the bytes counted are those of a default Client's records.
+const recordPrefix = "idem"
+
+// prefix is idem's default: the miniredis holds nothing else.
+func (s *memStore) prefix() string { return recordPrefix }
 
 // scale is 1: virtual time is the store's time.
 func (s *memStore) scale() float64 { return 1 }

@@ -14,7 +14,7 @@ import (
 // row for policies with no duplicates at all, which a log scale cannot show.
 const (
 	svgW      = 880
-	svgH      = 590
+	svgH      = 1030
 	plotL     = 110 // left edge of the plot
 	plotR     = 840 // right edge
 	plotT     = 110 // top of the log band
@@ -35,7 +35,7 @@ func (r *Report) SVG() []byte {
 	c.printf(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	c.text(svgW/2, 32, 18, "middle", "bold", "#222", "Retention trade-off: duplicate executions vs. Redis memory")
 	width := int(math.Floor((plotR - plotL) / (12 * charWidth)))
-	sub := append(wrap(r.Workload, width), wrap("simulated "+r.Traffic+"; "+r.Setup, width)...)
+	sub := append(wrap(r.Workload, width), wrap("replayed "+r.Traffic+"; "+r.Setup, width)...)
 	for i, line := range sub {
 		c.text(svgW/2, 54+16*i, 12, "middle", "", "#555", line)
 	}
@@ -50,9 +50,8 @@ func (r *Report) SVG() []byte {
 	}
 	r.drawAcceptable(c, ys)
 	drawAxes(c, xs, ys)
-	r.drawFootnotes(c)
 	taken := []box{r.drawTarget(c, ys, pts)}
-	if r.Recommended < 0 && len(r.Results) > 0 {
+	if r.recommended() < 0 && len(r.Results) > 0 {
 		l := label{x: plotR - 8, y: plotT + 16, size: 12, anchor: "end", weight: "bold", color: "#b71c1c",
 			text: "no retention tried meets the target"}
 		c.label(l)
@@ -62,6 +61,7 @@ func (r *Report) SVG() []byte {
 	for _, l := range r.placeLabels(pts, taken) {
 		c.label(l)
 	}
+	r.drawGaps(c)
 	c.printf("</svg>\n")
 	return []byte(c.b.String())
 }
@@ -162,7 +162,7 @@ func (r *Report) drawPoints(c *canvas, pts []point) {
 		title := esc(fmt.Sprintf("retention %s: %d duplicates (%s), peak %d records, %s",
 			shortDuration(res.Retention), res.Duplicates, rate(res.DuplicateRate()), res.PeakRecords, formatBytes(res.PeakBytes)))
 		switch {
-		case i == r.Recommended:
+		case i == r.recommended():
 			c.printf(`<circle cx="%.1f" cy="%.1f" r="11" fill="none" stroke="#2e7d32" stroke-width="2"/>`+"\n", p.x, p.y)
 			c.printf(`<circle class="point recommended" cx="%.1f" cy="%.1f" r="6" fill="#2e7d32"><title>%s</title></circle>`+"\n", p.x, p.y, title)
 		case res.Retention > r.Arrivals:
@@ -326,7 +326,7 @@ func (r *Report) placeLabels(pts []point, obstacles []box) []label {
 		rec := false
 		for k := i; k < j; k++ {
 			names = append(names, shortDuration(r.Results[k].Retention))
-			rec = rec || k == r.Recommended
+			rec = rec || k == r.recommended()
 		}
 		p := pts[j-1]
 		i = j

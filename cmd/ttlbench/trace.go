@@ -1,15 +1,23 @@
 package main
 
 import (
-	"cmp"
-	"encoding/csv"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
+	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+	"unicode"
 )
 
 // maxKeyLen is the longest key ttlbench accepts: idem's default
@@ -17,102 +25,727 @@ import (
 // two agree.
 const maxKeyLen = 512
 
+// maxLine is the longest line a trace may have.
+const maxLine = 1 << 20
+
 // A TraceError is a line of a trace that cannot be read.
 type TraceError struct {
-	Line int // from 1
+	Line int // from 1; 0 when the error is not about one line
 	Err  error
 }
 
 // Error returns "line N: what is wrong".
-func (e *TraceError) Error() string { return fmt.Sprintf("line %d: %v", e.Line, e.Err) }
+func (e *TraceError) Error() string {
+	if e.Line == 0 {
+		return e.Err.Error()
+	}
+	return fmt.Sprintf("line %d: %v", e.Line, e.Err)
+}
 
 // Unwrap returns the underlying error.
 func (e *TraceError) Unwrap() error { return e.Err }
 
-// ReadTrace reads recorded requests, one per line as key,unix_ms or
-// key,unix_ms,fingerprint (CSV: a key with a comma or a quote is quoted).
-// Lines starting with '#' and blank lines are skipped, as is a header line
-// starting with "key,unix_ms". Lines may come in any order: requests are
-// sorted by time, keeping file order for equal times. Each request is one
-// Do call; the first request with a key is the operation's first attempt,
-// every later one a retry.
-func ReadTrace(r io.Reader) (*Plan, error) {
-	cr := csv.NewReader(r)
-	cr.Comment = '#'
-	cr.FieldsPerRecord = -1 // checked below, with a clearer message
-	cr.TrimLeadingSpace = true
-	cr.ReuseRecord = true
+// The roles of a trace's columns.
+const (
+	colKey = iota
+	colTime
+	colFingerprint
+	colDuration
+	nCols
+)
 
-	type request struct {
-		key, fp string
-		ms      int64
-		line    int
+// colNames are the roles' names, as -columns spells them.
+var colNames = [nCols]string{"key", "time", "fingerprint", "duration"}
+
+// headerNames are the column names a header line without -columns may use
+// for each role.
+var headerNames = [nCols][]string{
+	{"key", "idempotency_key"},
+	{"time", "unix_ms", "unix_s", "unix_us", "unix_ns", "timestamp", "ts"},
+	{"fingerprint", "fp"},
+	{"duration", "duration_ms"},
+}
+
+// A TraceFormat says how to read a trace.
+type TraceFormat struct {
+	// Columns maps roles (key, time, fingerprint, duration) to the names
+	// of the header's columns: the first line is then a header, and the
+	// named columns are read, the others ignored. Without it, a first line
+	// whose first field is "key" is a header (see headerNames), and
+	// otherwise the columns are key,time[,fingerprint[,duration]].
+	Columns map[string]string
+	// TimeUnit is the unit of times given as numbers (Unix time): one of
+	// time.Second, Millisecond, Microsecond, Nanosecond. RFC 3339 times
+	// carry their own.
+	TimeUnit time.Duration
+	// KeepKeys keeps each operation's key in the Plan (the real engine
+	// needs them; the fast engine only their length).
+	KeepKeys bool
+	// Progress, when not nil, counts the bytes read from the source.
+	Progress *atomic.Int64
+	// SizeHint, when not 0, is about how many bytes the trace holds,
+	// decompressed: the requests' slices are made big enough once, early,
+	// rather than grown (and copied) as they fill.
+	SizeHint int64
+}
+
+// sizeHint returns about how many bytes a trace file holds, decompressed:
+// its size, or for a gzip file the size its trailer records (modulo 4 GiB:
+// 0, unknown, when that is less than the file's own size).
+func sizeHint(f *os.File) int64 {
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return 0
 	}
-	var reqs []request
-	first := true
-	for {
-		rec, err := cr.Read()
+	var b [4]byte
+	if _, err := f.ReadAt(b[:2], 0); err != nil || b[0] != 0x1f || b[1] != 0x8b {
+		return fi.Size()
+	}
+	if fi.Size() < 18 {
+		return 0
+	}
+	if _, err := f.ReadAt(b[:], fi.Size()-4); err != nil {
+		return 0
+	}
+	if n := int64(binary.LittleEndian.Uint32(b[:])); n >= fi.Size() {
+		return n
+	}
+	return 0
+}
+
+// reserve makes room for about n requests and keys.
+func (rd *traceReader) reserve(n int) {
+	p := rd.p
+	p.At = slices.Grow(p.At, n-len(p.At))
+	p.Op = slices.Grow(p.Op, n-len(p.Op))
+	p.FP = slices.Grow(p.FP, n-len(p.FP))
+	p.KeyLen = slices.Grow(p.KeyLen, n-len(p.KeyLen))
+	rd.ops.reserve(n)
+}
+
+// parseColumns parses -columns: role=name pairs, comma-separated.
+func parseColumns(s string) (map[string]string, error) {
+	m := map[string]string{}
+	for f := range strings.SplitSeq(s, ",") {
+		role, name, ok := strings.Cut(strings.TrimSpace(f), "=")
+		role, name = strings.TrimSpace(role), strings.TrimSpace(name)
+		if !ok || name == "" {
+			return nil, fmt.Errorf("want role=name pairs such as key=idempotency_key,time=ts, got %q", f)
+		}
+		if !slices.Contains(colNames[:], role) {
+			return nil, fmt.Errorf("unknown role %q: the roles are %s", role, strings.Join(colNames[:], ", "))
+		}
+		if _, dup := m[role]; dup {
+			return nil, fmt.Errorf("role %q given twice", role)
+		}
+		m[role] = name
+	}
+	if m["key"] == "" || m["time"] == "" {
+		return nil, errors.New("must name the key and time columns (key=NAME,time=NAME)")
+	}
+	return m, nil
+}
+
+// parseTimeUnit parses -time-unit.
+func parseTimeUnit(s string) (time.Duration, error) {
+	switch s {
+	case "s":
+		return time.Second, nil
+	case "ms":
+		return time.Millisecond, nil
+	case "us", "µs":
+		return time.Microsecond, nil
+	case "ns":
+		return time.Nanosecond, nil
+	}
+	return 0, fmt.Errorf("unknown unit %q: want s, ms, us or ns", s)
+}
+
+// unitName names a time unit as -time-unit spells it.
+func unitName(u time.Duration) string {
+	switch u {
+	case time.Second:
+		return "s"
+	case time.Microsecond:
+		return "us"
+	case time.Nanosecond:
+		return "ns"
+	}
+	return "ms"
+}
+
+// unitWords names a time unit in words.
+func unitWords(u time.Duration) string {
+	switch u {
+	case time.Second:
+		return "seconds"
+	case time.Microsecond:
+		return "microseconds"
+	case time.Nanosecond:
+		return "nanoseconds"
+	}
+	return "milliseconds"
+}
+
+// Times outside [earliest, latest) are taken for a wrong -time-unit: a
+// Unix time in seconds read as milliseconds falls in January 1970, one in
+// microseconds read as milliseconds tens of thousands of years ahead.
+var (
+	earliest = time.Date(1995, 1, 1, 0, 0, 0, 0, time.UTC)
+	latest   = time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// ReadTrace reads recorded requests, one per line, CSV (a field holding a
+// comma or a quote is quoted; a quoted field ends on its line). Blank
+// lines and lines starting with '#' are skipped. Each request is one Do
+// call; the first request with a key (by time) is the operation's first
+// attempt, every later one a retry. Lines may come in any order: requests
+// are sorted by time, keeping file order for equal times. Only what the
+// engines need is kept, about 21 bytes a request and 22 a key while
+// reading (the key is kept as a 96-bit hash, see keyTable, and the
+// fingerprint as a 64-bit one), never the lines themselves.
+func ReadTrace(ctx context.Context, r io.Reader, f TraceFormat) (*Plan, error) {
+	if f.TimeUnit == 0 {
+		f.TimeUnit = time.Millisecond
+	}
+	src, err := decompress(r, f.Progress)
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	br := bufio.NewReaderSize(src, 1<<20)
+
+	rd := &traceReader{
+		f:      f,
+		cols:   [nCols]int{0, 1, 2, 3},
+		seeds:  [3]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed(), maphash.MakeSeed()},
+		p:      &Plan{},
+		minAt:  math.MaxInt64,
+		maxAt:  math.MinInt64,
+		header: f.Columns != nil,
+	}
+	var long []byte // a line longer than br's buffer, assembled
+	for line := 1; ; line++ {
+		if line%(1<<16) == 0 && ctx.Err() != nil {
+			return nil, fmt.Errorf("interrupted: %w", ctx.Err())
+		}
+		b, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			long = append(long[:0], b...)
+			for err == bufio.ErrBufferFull && len(long) <= maxLine {
+				b, err = br.ReadSlice('\n')
+				long = append(long, b...)
+			}
+			if len(long) > maxLine {
+				return nil, &TraceError{Line: line, Err: fmt.Errorf("longer than %d bytes", maxLine)}
+			}
+			b = long
+		}
+		if len(b) > 0 {
+			if perr := rd.line(line, b); perr != nil {
+				return nil, perr
+			}
+			rd.read += int64(len(b))
+			if line == 1<<12 && f.SizeHint > 0 && len(rd.p.At) > 0 {
+				rd.reserve(int(min(float64(f.SizeHint)/float64(rd.read)*float64(len(rd.p.At))*1.05, math.MaxInt32-1)))
+			}
+		}
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			var pe *csv.ParseError
-			if errors.As(err, &pe) {
-				return nil, &TraceError{Line: pe.Line, Err: pe.Err}
+			return nil, &TraceError{Line: line, Err: fmt.Errorf("read: %w", err)}
+		}
+	}
+	return rd.plan()
+}
+
+// decompress returns r, or what it decompresses to when it starts as a
+// gzip stream does. Decompression runs in a goroutine of its own, ahead of
+// the parser, so that the two share the work of a big file.
+func decompress(r io.Reader, progress *atomic.Int64) (io.ReadCloser, error) {
+	if progress != nil {
+		r = &countingReader{r: r, n: progress}
+	}
+	br := bufio.NewReaderSize(r, 1<<16)
+	magic, _ := br.Peek(2)
+	if !bytes.Equal(magic, []byte{0x1f, 0x8b}) {
+		return io.NopCloser(br), nil
+	}
+	zr, err := gzip.NewReader(br)
+	if err != nil {
+		return nil, &TraceError{Err: fmt.Errorf("gzip: %w", err)}
+	}
+	return newPrefetcher(zr), nil
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+// Read reads and counts.
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// prefetcher reads a source in a goroutine of its own, a few chunks ahead
+// of its reader.
+type prefetcher struct {
+	chunks chan []byte
+	free   chan []byte
+	stop   chan struct{}
+	done   chan struct{}
+	err    error // set before chunks is closed
+	cur    []byte
+	buf    []byte // the chunk cur is in
+}
+
+// newPrefetcher starts reading r.
+func newPrefetcher(r io.Reader) *prefetcher {
+	const n, size = 4, 1 << 20
+	p := &prefetcher{
+		chunks: make(chan []byte, n),
+		free:   make(chan []byte, n),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	for range n {
+		p.free <- make([]byte, size)
+	}
+	go func() {
+		defer close(p.done)
+		defer close(p.chunks)
+		for {
+			var b []byte
+			select {
+			case b = <-p.free:
+			case <-p.stop:
+				return
 			}
-			return nil, err
+			k, err := io.ReadFull(r, b[:cap(b)])
+			if k > 0 {
+				p.chunks <- b[:k]
+			}
+			if err != nil {
+				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+					p.err = err
+				}
+				return
+			}
 		}
-		line, _ := cr.FieldPos(0)
-		if first && len(rec) >= 2 && strings.EqualFold(strings.TrimSpace(rec[0]), "key") &&
-			strings.EqualFold(strings.TrimSpace(rec[1]), "unix_ms") {
-			first = false
-			continue
+	}()
+	return p
+}
+
+// Read copies from the chunks read ahead.
+func (p *prefetcher) Read(b []byte) (int, error) {
+	for len(p.cur) == 0 {
+		if p.buf != nil {
+			p.free <- p.buf[:cap(p.buf)]
+			p.buf = nil
 		}
-		first = false
-		bad := func(format string, args ...any) (*Plan, error) {
-			return nil, &TraceError{Line: line, Err: fmt.Errorf(format, args...)}
+		c, ok := <-p.chunks
+		if !ok {
+			if p.err != nil {
+				return 0, fmt.Errorf("gzip: %w", p.err)
+			}
+			return 0, io.EOF
 		}
-		if len(rec) != 2 && len(rec) != 3 {
-			return bad("want key,unix_ms[,fingerprint], got %d fields", len(rec))
-		}
-		key := rec[0]
-		switch {
-		case key == "":
-			return bad("empty key")
-		case len(key) > maxKeyLen:
-			return bad("key of %d bytes is longer than idem's limit of %d", len(key), maxKeyLen)
-		}
-		ms, err := strconv.ParseInt(strings.TrimSpace(rec[1]), 10, 64)
-		if err != nil || ms < 0 {
-			return bad("unix_ms %q is not a time in milliseconds since 1970", rec[1])
-		}
-		var fp string
-		if len(rec) == 3 {
-			fp = strings.TrimSpace(rec[2])
-		}
-		reqs = append(reqs, request{key: key, fp: fp, ms: ms, line: line})
+		p.cur, p.buf = c, c
 	}
-	if len(reqs) == 0 {
-		return nil, errors.New("no requests: want lines key,unix_ms[,fingerprint]")
+	n := copy(b, p.cur)
+	p.cur = p.cur[n:]
+	return n, nil
+}
+
+// Close stops the goroutine and waits for it.
+func (p *prefetcher) Close() error {
+	close(p.stop)
+	for range p.chunks { // unblock a send
 	}
-	slices.SortStableFunc(reqs, func(a, b request) int { return cmp.Compare(a.ms, b.ms) })
-	if last := reqs[len(reqs)-1]; last.ms-reqs[0].ms > maxDelay.Milliseconds() {
-		return nil, &TraceError{Line: last.line, Err: fmt.Errorf("unix_ms %d is more than %s after the earliest request (line %d)",
-			last.ms, shortDuration(maxDelay), reqs[0].line)}
+	<-p.done
+	return nil
+}
+
+// traceReader holds what ReadTrace has read so far.
+type traceReader struct {
+	f          TraceFormat
+	header     bool       // the next data line is the header
+	cols       [nCols]int // the column of each role; -1 when absent
+	width      int        // fields in the header, when there is one
+	headerLine int
+	fields     [][]byte // scratch: the fields of a line
+	unq        []byte   // scratch: unquoted fields
+
+	ops   keyTable        // operation by key hash
+	seeds [3]maphash.Seed // key hash (two), fingerprint hash
+	p     *Plan
+
+	read             int64 // bytes of the lines read
+	minAt, maxAt     int64 // Unix ns
+	minLine, maxLine int
+	first            bool // a data line was read
+}
+
+// line reads one line of the trace.
+func (rd *traceReader) line(n int, b []byte) error {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	if len(b) == 0 || b[0] == '#' || isSpace(b[0]) {
+		// Blank, a comment, or a line that starts with spaces: look again.
+		t := bytes.TrimLeftFunc(b, unicode.IsSpace)
+		if len(t) == 0 || t[0] == '#' {
+			return nil
+		}
+	}
+	bad := func(format string, args ...any) error {
+		return &TraceError{Line: n, Err: fmt.Errorf(format, args...)}
+	}
+	fields, err := rd.split(b)
+	if err != nil {
+		return bad("%v", err)
+	}
+	if !rd.first {
+		rd.first = true
+		if rd.header || strings.EqualFold(string(bytes.TrimSpace(fields[0])), "key") {
+			return rd.readHeader(n, fields)
+		}
+	}
+	want := 2
+	for _, c := range rd.cols[:colTime+1] {
+		want = max(want, c+1)
+	}
+	if len(fields) < want || (rd.width == 0 && len(fields) > nCols) {
+		if rd.width == 0 {
+			return bad("want key,time[,fingerprint[,duration]], got %d fields", len(fields))
+		}
+		return bad("want the %d fields of the header (line %d), got %d", rd.width, rd.headerLine, len(fields))
+	}
+	field := func(role int) []byte {
+		if c := rd.cols[role]; c >= 0 && c < len(fields) {
+			return fields[c]
+		}
+		return nil
 	}
 
-	p := &Plan{Events: make([]Event, len(reqs)), Start: time.UnixMilli(reqs[0].ms).UTC()}
-	ops := make(map[string]int32)
-	for i, r := range reqs {
-		op, seen := ops[r.key]
-		kind := Retry
-		if !seen {
-			op, kind = int32(len(p.Keys)), First
-			ops[r.key] = op
-			p.Keys = append(p.Keys, r.key)
-		}
-		p.Events[i] = Event{At: time.Duration(r.ms-reqs[0].ms) * time.Millisecond, Op: op, Kind: kind, Fingerprint: r.fp}
+	key := field(colKey)
+	switch {
+	case len(key) == 0:
+		return bad("empty key")
+	case len(key) > maxKeyLen:
+		return bad("key of %d bytes is longer than idem's limit of %d", len(key), maxKeyLen)
 	}
-	p.Source = fmt.Sprintf("trace: %d requests for %d keys over %s", len(reqs), len(p.Keys), shortDuration(p.Span()))
+	at, err := rd.parseTime(trimSpace(field(colTime)))
+	if err != nil {
+		return bad("%v", err)
+	}
+	var fp uint64
+	if v := trimSpace(field(colFingerprint)); len(v) > 0 {
+		fp = max(maphash.Bytes(rd.seeds[2], v), 1) // 0 stands for none
+	}
+	var dur time.Duration
+	if v := trimSpace(field(colDuration)); len(v) > 0 {
+		if dur, err = parseOpDuration(string(v)); err != nil {
+			return bad("%v", err)
+		}
+	}
+
+	p := rd.p
+	if len(p.KeyLen) >= math.MaxInt32-1 {
+		return bad("more than %d keys", math.MaxInt32-1)
+	}
+	op, seen := rd.ops.index(maphash.Bytes(rd.seeds[0], key), uint32(maphash.Bytes(rd.seeds[1], key)))
+	if !seen {
+		p.KeyLen = append(p.KeyLen, uint16(escapedLen(key)))
+		if rd.f.KeepKeys {
+			p.Keys = append(p.Keys, string(key))
+		}
+	}
+	if at < rd.minAt {
+		rd.minAt, rd.minLine = at, n
+	}
+	if at > rd.maxAt {
+		rd.maxAt, rd.maxLine = at, n
+	}
+	if rd.maxAt-rd.minAt > int64(maxDelay) {
+		far, near := rd.maxLine, rd.minLine
+		if n == rd.minLine {
+			far, near = rd.minLine, rd.maxLine
+		}
+		return &TraceError{Line: far, Err: fmt.Errorf("time is more than %s from that of line %d", shortDuration(maxDelay), near)}
+	}
+	if len(p.At) >= math.MaxInt32 {
+		return bad("more than %d requests", math.MaxInt32)
+	}
+	p.At = append(p.At, time.Duration(at))
+	p.Op = append(p.Op, op)
+	p.FP = append(p.FP, fp)
+	if dur > 0 && p.Dur == nil {
+		p.Dur = make([]time.Duration, len(p.At)-1, cap(p.At))
+	}
+	if p.Dur != nil {
+		p.Dur = append(p.Dur, dur)
+	}
+	return nil
+}
+
+// readHeader reads the header line: with -columns it must name each
+// column given there; without, the columns it names are those of
+// headerNames.
+func (rd *traceReader) readHeader(n int, fields [][]byte) error {
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = strings.TrimSpace(string(f))
+	}
+	rd.cols = [nCols]int{-1, -1, -1, -1}
+	rd.width, rd.headerLine = len(fields), n
+	for role := range nCols {
+		if rd.f.Columns != nil {
+			want, ok := rd.f.Columns[colNames[role]]
+			if !ok {
+				continue
+			}
+			i := slices.Index(names, want)
+			if i < 0 {
+				return &TraceError{Line: n, Err: fmt.Errorf("-columns: the header has no column %q for the %s (it has %s)",
+					want, colNames[role], strings.Join(names, ", "))}
+			}
+			rd.cols[role] = i
+			continue
+		}
+		for i, name := range names {
+			if slices.Contains(headerNames[role], strings.ToLower(name)) {
+				rd.cols[role] = i
+				break
+			}
+		}
+	}
+	if rd.cols[colKey] < 0 || rd.cols[colTime] < 0 {
+		return &TraceError{Line: n, Err: fmt.Errorf("the header (%s) names no time column: name it with -columns key=NAME,time=NAME",
+			strings.Join(names, ", "))}
+	}
+	return nil
+}
+
+// split cuts a CSV line into fields, leading spaces trimmed, quotes
+// removed. The fields are valid until the next call.
+func (rd *traceReader) split(b []byte) ([][]byte, error) {
+	rd.fields = rd.fields[:0]
+	if bytes.IndexByte(b, '"') < 0 {
+		for {
+			i := bytes.IndexByte(b, ',')
+			if i < 0 {
+				rd.fields = append(rd.fields, trimLeft(b))
+				return rd.fields, nil
+			}
+			rd.fields = append(rd.fields, trimLeft(b[:i]))
+			b = b[i+1:]
+		}
+	}
+	// Quoted fields: unquote into rd.unq, which must not move while the
+	// line's fields point into it.
+	if cap(rd.unq) < len(b) {
+		rd.unq = make([]byte, 0, 2*len(b))
+	}
+	rd.unq = rd.unq[:0]
+	for {
+		b = trimLeft(b)
+		start := len(rd.unq)
+		if len(b) > 0 && b[0] == '"' {
+			b = b[1:]
+			for {
+				i := bytes.IndexByte(b, '"')
+				if i < 0 {
+					return nil, errors.New(`a quoted field does not end on its line (a field with a line break is not supported)`)
+				}
+				rd.unq = append(rd.unq, b[:i]...)
+				b = b[i+1:]
+				if len(b) > 0 && b[0] == '"' {
+					rd.unq = append(rd.unq, '"')
+					b = b[1:]
+					continue
+				}
+				break
+			}
+			if len(b) > 0 && b[0] != ',' {
+				return nil, fmt.Errorf(`extraneous %q after a quoted field`, b[0])
+			}
+		} else {
+			i := bytes.IndexByte(b, ',')
+			if i < 0 {
+				i = len(b)
+			}
+			if bytes.IndexByte(b[:i], '"') >= 0 {
+				return nil, errors.New(`bare quote " in a field that is not quoted: quote the field and double the quote ("")`)
+			}
+			rd.unq = append(rd.unq, b[:i]...)
+			b = b[i:]
+		}
+		rd.fields = append(rd.fields, rd.unq[start:len(rd.unq):len(rd.unq)])
+		if len(b) == 0 {
+			return rd.fields, nil
+		}
+		b = b[1:] // the comma
+	}
+}
+
+// parseTime reads a request's time, a Unix time in -time-unit or RFC 3339,
+// as nanoseconds since 1970; a Unix time must fall between 1995 and 2100,
+// or the unit is wrong: the error says which unit the number looks like.
+func (rd *traceReader) parseTime(b []byte) (int64, error) {
+	if isUnixTime(b) {
+		ns, ok := parseUnix(b, rd.f.TimeUnit)
+		if !ok || ns < earliest.UnixNano() || ns >= latest.UnixNano() {
+			return 0, magnitudeError(b, rd.f.TimeUnit)
+		}
+		return ns, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(b))
+	if err != nil {
+		return 0, fmt.Errorf("time %q is neither a Unix time (a number of %s, -time-unit %s) nor RFC 3339 (2006-01-02T15:04:05.999Z07:00)",
+			b, unitWords(rd.f.TimeUnit), unitName(rd.f.TimeUnit))
+	}
+	if t.Before(earliest) || !t.Before(latest) {
+		return 0, fmt.Errorf("time %q is not between %d and %d", b, earliest.Year(), latest.Year())
+	}
+	return t.UnixNano(), nil
+}
+
+// isUnixTime reports whether b looks like a Unix time: digits, perhaps
+// with a fraction.
+func isUnixTime(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if (c < '0' || c > '9') && c != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+// trimLeft drops leading spaces and tabs, as encoding/csv's
+// TrimLeadingSpace does for the usual ones.
+func trimLeft(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	return b
+}
+
+// trimSpace drops spaces and tabs at both ends.
+func trimSpace(b []byte) []byte {
+	b = trimLeft(b)
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// isSpace reports whether c is ASCII white space.
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\v' || c == '\f' || c == '\r' || c == '\n'
+}
+
+// magnitudeError explains a Unix time that, read in unit, is not between
+// 1995 and 2100, and names the unit it looks like.
+func magnitudeError(b []byte, unit time.Duration) error {
+	v, err := strconv.ParseFloat(string(b), 64)
+	if err != nil {
+		return fmt.Errorf("time %q is not a number of %s since 1970 (-time-unit %s)", b, unitWords(unit), unitName(unit))
+	}
+	when := func(u time.Duration) (string, bool) {
+		ns := v * float64(u)
+		year := 1970 + ns/(365.2425*24*float64(time.Hour))
+		switch {
+		case ns < float64(earliest.UnixNano()) && ns >= 0:
+			return time.Unix(0, int64(ns)).UTC().Format("2006-01-02 15:04:05"), false
+		case ns >= float64(latest.UnixNano()):
+			return fmt.Sprintf("year %.0f", math.Floor(year)), false
+		}
+		return "", true
+	}
+	at, _ := when(unit)
+	for _, u := range []time.Duration{time.Second, time.Millisecond, time.Microsecond, time.Nanosecond} {
+		if _, ok := when(u); ok && u != unit {
+			return fmt.Errorf("time %s read as %s since 1970 (-time-unit %s) is %s: the numbers look like %s: use -time-unit %s",
+				b, unitWords(unit), unitName(unit), at, unitWords(u), unitName(u))
+		}
+	}
+	return fmt.Errorf("time %s read as %s since 1970 (-time-unit %s) is %s, and in no unit (s, ms, us, ns) is it between %d and %d: "+
+		"a trace's times must be Unix times or RFC 3339 (add an offset to relative times)",
+		b, unitWords(unit), unitName(unit), at, earliest.Year(), latest.Year())
+}
+
+// parseUnix parses a non-negative decimal number of units (with a
+// fraction, down to the nanosecond) as nanoseconds.
+func parseUnix(b []byte, unit time.Duration) (int64, bool) {
+	intPart, frac, _ := bytes.Cut(b, []byte("."))
+	if len(intPart) == 0 || len(intPart) > 19 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range intPart {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	if n > math.MaxInt64/uint64(unit) {
+		return 0, false
+	}
+	ns := int64(n) * int64(unit)
+	scale := int64(unit)
+	for _, c := range frac {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		scale /= 10
+		ns += int64(c-'0') * scale
+	}
+	return ns, true
+}
+
+// parseOpDuration reads how long fn ran: a Go duration (250ms, 1.5s) or a
+// number of milliseconds.
+func parseOpDuration(s string) (time.Duration, error) {
+	var d time.Duration
+	if strings.ContainsAny(s, "hmsuµn") {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			return 0, fmt.Errorf("duration %q is neither a Go duration (250ms, 1.5s) nor a number of milliseconds", s)
+		}
+	} else {
+		ns, ok := parseUnix([]byte(s), time.Millisecond)
+		if !ok {
+			return 0, fmt.Errorf("duration %q is neither a Go duration (250ms, 1.5s) nor a number of milliseconds", s)
+		}
+		d = time.Duration(ns)
+	}
+	if d < 0 || d > maxDelay {
+		return 0, fmt.Errorf("duration %q is not between 0 and %s", s, shortDuration(maxDelay))
+	}
+	return d, nil
+}
+
+// plan finishes the Plan: times counted from the earliest request, sorted.
+func (rd *traceReader) plan() (*Plan, error) {
+	p := rd.p
+	rd.ops = keyTable{} // the largest thing held while reading
+	if len(p.At) == 0 {
+		return nil, errors.New("no requests: want lines key,time[,fingerprint[,duration]]")
+	}
+	for i := range p.At {
+		p.At[i] -= time.Duration(rd.minAt)
+	}
+	p.Start = time.Unix(0, rd.minAt).UTC()
+	p.sortByTime(true)
+	p.Source = fmt.Sprintf("trace: %d requests for %d keys over %s", p.Len(), p.Ops(), roughDuration(p.Span()))
 	return p, nil
 }

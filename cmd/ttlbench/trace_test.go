@@ -1,7 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
+	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,58 +23,154 @@ a,1700000000000
   a,1700000002000
 b,1700000001000,fp-other
 `
-	p, err := ReadTrace(strings.NewReader(in))
+	p, err := ReadTrace(context.Background(), strings.NewReader(in), TraceFormat{KeepKeys: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(p.Keys, "|"), "a|a,b|b"; got != want {
-		t.Errorf("keys %q, want %q", got, want)
+	if got, want := strings.Join(p.Keys, "|"), "b|a|a,b"; got != want {
+		t.Errorf("keys %q, want %q (in order of first appearance in the file)", got, want)
 	}
 	if !p.Start.Equal(time.UnixMilli(1700000000000)) {
 		t.Errorf("start %v, want the earliest request", p.Start)
 	}
 	type ev struct {
 		at   time.Duration
-		op   int32
+		key  string
 		kind Kind
-		fp   string
+		fp   bool
 	}
 	want := []ev{
-		{0, 0, First, ""},
-		{500 * time.Millisecond, 1, First, "x"},
-		{time.Second, 2, First, "fp-b"},
-		{time.Second, 2, Retry, "fp-other"}, // same time: file order kept
-		{2 * time.Second, 0, Retry, ""},
+		{0, "a", First, false},
+		{500 * time.Millisecond, "a,b", First, true},
+		{time.Second, "b", First, true},
+		{time.Second, "b", Retry, true}, // same time: file order kept
+		{2 * time.Second, "a", Retry, false},
 	}
-	if len(p.Events) != len(want) {
-		t.Fatalf("got %d events, want %d", len(p.Events), len(want))
+	if p.Len() != len(want) {
+		t.Fatalf("got %d requests, want %d", p.Len(), len(want))
 	}
 	for i, w := range want {
-		e := p.Events[i]
-		if got := (ev{e.At, e.Op, e.Kind, e.Fingerprint}); got != w {
-			t.Errorf("event %d: got %+v, want %+v", i, got, w)
+		if got := (ev{p.At[i], p.Keys[p.Op[i]], p.Kind[i], p.FP[i] != 0}); got != w {
+			t.Errorf("request %d: got %+v, want %+v", i, got, w)
+		}
+	}
+	if p.FP[2] == p.FP[3] {
+		t.Error("fingerprints fp-b and fp-other read as equal")
+	}
+	if p.Dur != nil {
+		t.Error("durations kept for a trace without them")
+	}
+}
+
+// TestTraceFormats reads the same three requests written in each format a
+// trace may come in, and checks that they give the same plan.
+func TestTraceFormats(t *testing.T) {
+	t.Parallel()
+	base := "a,1700000000000,x\nb,1700000000250\na,1700000060000,x\n"
+	rfc := "a,2023-11-14T22:13:20Z,x\nb,2023-11-14T22:13:20.25Z\na,2023-11-15T00:15:20+02:01,x\n"
+	for _, tc := range []struct {
+		name, in string
+		f        TraceFormat
+	}{
+		{"unix ms", base, TraceFormat{}},
+		{"unix s", "a,1700000000,x\nb,1700000000.25\na,1700000060,x\n", TraceFormat{TimeUnit: time.Second}},
+		{"unix us", "a,1700000000000000,x\nb,1700000000250000\na,1700000060000000,x\n", TraceFormat{TimeUnit: time.Microsecond}},
+		{"unix ns", "a,1700000000000000000,x\nb,1700000000250000000\na,1700000060000000000,x\n", TraceFormat{TimeUnit: time.Nanosecond}},
+		{"rfc 3339", rfc, TraceFormat{TimeUnit: time.Second}},
+		{"crlf", strings.ReplaceAll(base, "\n", "\r\n"), TraceFormat{}},
+		{"header", "key,unix_ms,fingerprint\n" + base, TraceFormat{}},
+		{"columns", "region,ts,body_sha,idempotency_key\n" +
+			"eu,1700000000000,x,a\neu,1700000000250,,b\nus,1700000060000,x,a\n",
+			TraceFormat{Columns: map[string]string{"key": "idempotency_key", "time": "ts", "fingerprint": "body_sha"}}},
+		{"gzip", gzipped(t, base), TraceFormat{}},
+	} {
+		p, err := ReadTrace(context.Background(), strings.NewReader(tc.in), tc.f)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		want := []time.Duration{0, 250 * time.Millisecond, time.Minute}
+		if p.Len() != 3 || p.Ops() != 2 {
+			t.Errorf("%s: %d requests for %d keys, want 3 for 2", tc.name, p.Len(), p.Ops())
+			continue
+		}
+		for i, w := range want {
+			if p.At[i] != w {
+				t.Errorf("%s: request %d at %s, want %s", tc.name, i, p.At[i], w)
+			}
+		}
+		if !p.Start.Equal(time.Unix(1700000000, 0)) {
+			t.Errorf("%s: start %v", tc.name, p.Start)
+		}
+		if p.Op[0] != p.Op[2] || p.FP[0] != p.FP[2] || p.FP[0] == 0 || p.FP[1] != 0 {
+			t.Errorf("%s: keys %v, fingerprints %v", tc.name, p.Op, p.FP)
 		}
 	}
 }
 
+func TestTraceDurations(t *testing.T) {
+	t.Parallel()
+	p, err := ReadTrace(context.Background(), strings.NewReader("key,time,fp,duration\na,1700000000000,,250\nb,1700000001000,,1.5s\nc,1700000002000\n"), TraceFormat{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []time.Duration{250 * time.Millisecond, 1500 * time.Millisecond, 0}; len(p.Dur) != 3 ||
+		p.Dur[0] != want[0] || p.Dur[1] != want[1] || p.Dur[2] != want[2] {
+		t.Errorf("durations %v, want %v", p.Dur, want)
+	}
+}
+
+// gzipped returns s compressed, as a string.
+func gzipped(t *testing.T, s string) string {
+	t.Helper()
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	if _, err := zw.Write([]byte(s)); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
 func TestReadTraceErrorsNameTheLine(t *testing.T) {
 	t.Parallel()
+	ok := "a,1700000000000\n"
 	for _, tc := range []struct {
 		in   string
+		f    TraceFormat
 		line int
 		want string
 	}{
-		{"a,1\nb,x\n", 2, "unix_ms"},
-		{"# c\n\na,1\nb\n", 4, "fields"},
-		{"a,1,fp,extra\n", 1, "fields"},
-		{"a,1\n,2\n", 2, "empty key"},
-		{"a,1\nb,-5\n", 2, "unix_ms"},
-		{"a,1\nb\"c,2\n", 2, "quote"},
-		{"a,1\n" + strings.Repeat("k", maxKeyLen+1) + ",2\n", 2, "longer"},
-		{"a,1\nb,999999999999999\n", 2, "after the earliest"},
+		{ok + "b,x\n", TraceFormat{}, 2, "neither a Unix time"},
+		{"# c\n\n" + ok + "b\n", TraceFormat{}, 4, "fields"},
+		{"a,1700000000000,fp,10,extra\n", TraceFormat{}, 1, "fields"},
+		{ok + ",1700000000000\n", TraceFormat{}, 2, "empty key"},
+		{ok + "b,-5\n", TraceFormat{}, 2, "neither"},
+		{ok + "b\"c,1700000000000\n", TraceFormat{}, 2, "quote"},
+		{ok + "\"b,1700000000000\n", TraceFormat{}, 2, "quoted field does not end"},
+		{ok + strings.Repeat("k", maxKeyLen+1) + ",1700000000000\n", TraceFormat{}, 2, "longer"},
+		{ok + "b,1900000000000\n" + "c,2050000000000\n", TraceFormat{}, 3, "more than 3650d"},
+		{ok + "b,1700000000000,,soon\n", TraceFormat{}, 2, "duration"},
+		{"k,t\n" + ok, TraceFormat{Columns: map[string]string{"key": "key", "time": "t"}}, 1, `no column "key"`},
+		{"x,y\n" + ok, TraceFormat{}, 0, ""}, // a first line "x,y" is data: its time is bad
+		// Magnitude: seconds, microseconds, nanoseconds read as ms.
+		{ok + "b,1700000000\n", TraceFormat{}, 2, "1970-01-20 16:13:20: the numbers look like seconds: use -time-unit s"},
+		{ok + "b,1700000000000000\n", TraceFormat{}, 2, "year 55840: the numbers look like microseconds: use -time-unit us"},
+		{ok + "b,1700000000000000000\n", TraceFormat{}, 2, "look like nanoseconds: use -time-unit ns"},
+		{"a,1700000000000\n", TraceFormat{TimeUnit: time.Second}, 1, "look like milliseconds: use -time-unit ms"},
+		{"a,5\n", TraceFormat{}, 1, "in no unit"},
+		{"a,1970-01-01T00:00:05Z\n", TraceFormat{}, 1, "not between 1995 and 2100"},
 	} {
-		_, err := ReadTrace(strings.NewReader(tc.in))
+		_, err := ReadTrace(context.Background(), strings.NewReader(tc.in), tc.f)
 		var te *TraceError
+		if tc.line == 0 {
+			if err == nil {
+				t.Errorf("%q: accepted", tc.in)
+			}
+			continue
+		}
 		if !errors.As(err, &te) {
 			t.Errorf("%q: got %v, want a TraceError", tc.in, err)
 			continue
@@ -78,7 +179,31 @@ func TestReadTraceErrorsNameTheLine(t *testing.T) {
 			t.Errorf("%q: got %q (line %d), want line %d and %q", tc.in, err, te.Line, tc.line, tc.want)
 		}
 	}
-	if _, err := ReadTrace(strings.NewReader("# nothing\n\n")); err == nil {
+	if _, err := ReadTrace(context.Background(), strings.NewReader("# nothing\n\n"), TraceFormat{}); err == nil {
 		t.Error("an empty trace was accepted")
+	}
+}
+
+// TestTraceFromStdinAndGzipFile runs the command on the same trace from a
+// gzip file and from stdin, and on a trace in seconds without -time-unit.
+func TestTraceFromStdinAndGzipFile(t *testing.T) {
+	t.Parallel()
+	trace := "a,1700000000000,x\nb,1700000000250\na,1700000600000,x\n"
+	path := filepath.Join(t.TempDir(), "trace.csv.gz")
+	if err := os.WriteFile(path, []byte(gzipped(t, trace)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code1, out1, err1 := runCmd(t, "-trace", path, "-policies", "1m,1h")
+	code2, out2, err2 := runCmdStdin(t, trace, "-trace", "-", "-policies", "1m,1h")
+	if code1 != 0 || code2 != 0 {
+		t.Fatalf("exit codes %d, %d: %s %s", code1, code2, err1, err2)
+	}
+	if out1 != out2 || !strings.Contains(out1, "trace: 3 requests for 2 keys over 10m") {
+		t.Errorf("gzip file and stdin gave\n%s\nand\n%s", out1, out2)
+	}
+
+	code, stdout, stderr := runCmdStdin(t, "a,1700000000\nb,1700000001\n", "-trace", "-")
+	if code != exitUsage || stdout != "" || !strings.Contains(stderr, "line 1") || !strings.Contains(stderr, "-time-unit s") {
+		t.Errorf("a trace in seconds: exit code %d, stderr %q; want %d, naming line 1 and -time-unit s", code, stderr, exitUsage)
 	}
 }

@@ -1,74 +1,13 @@
 package main
 
 import (
-	"cmp"
 	"encoding/hex"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"time"
 )
-
-// Kind says why a request was sent.
-type Kind uint8
-
-// The kinds of request.
-const (
-	// First is an operation's first attempt.
-	First Kind = iota
-	// Retry is a client's retry after an attempt that timed out, or, in a
-	// trace, any later request with a key already seen.
-	Retry
-	// Late is a late redelivery: a message redelivered, or a client that
-	// recovered from an outage and sends its request again.
-	Late
-)
-
-// An Event is one request: a Do call for the operation Op, at virtual time
-// At counted from the start of the plan.
-type Event struct {
-	At          time.Duration
-	Op          int32 // index into Plan.Keys
-	Kind        Kind
-	Fingerprint string // passed to Do; in a trace it may change between requests
-}
-
-// A Plan is the traffic that every retention policy is run against: the
-// same operations and requests, in time order, so that policies differ
-// only in the retention.
-type Plan struct {
-	// Keys holds each operation's idempotency key.
-	Keys []string
-	// Events are sorted by At; ties keep the order they were generated or
-	// read in.
-	Events []Event
-	// Start is the wall-clock time of At = 0, which the server's clock
-	// shows: the library reads time from Redis (record TTLs), not from Go.
-	Start time.Time
-	// Source describes where the traffic came from, for titles.
-	Source string
-}
-
-// Span is the virtual time from the first request to the last.
-func (p *Plan) Span() time.Duration {
-	if len(p.Events) == 0 {
-		return 0
-	}
-	return p.Events[len(p.Events)-1].At
-}
-
-// Count returns how many requests of kind k the plan holds.
-func (p *Plan) Count(k Kind) int {
-	n := 0
-	for _, e := range p.Events {
-		if e.Kind == k {
-			n++
-		}
-	}
-	return n
-}
 
 // Workload is a model of a service's traffic: Poisson arrivals of
 // operations, a share of attempts that time out and are retried with
@@ -94,6 +33,11 @@ type Workload struct {
 	LateMedian time.Duration
 	LateP99    time.Duration
 
+	// OpTime is how long fn runs, from the claim to the recording of its
+	// outcome; a request that arrives meanwhile finds the operation in
+	// progress.
+	OpTime time.Duration
+
 	Seed uint64
 }
 
@@ -117,35 +61,59 @@ const (
 )
 
 // Plan generates the workload's requests, the same for the same Workload.
-func (w Workload) Plan() *Plan {
+// The keys themselves (random UUIDs) are kept only when withKeys is set:
+// the fast engine needs only their length.
+func (w Workload) Plan(withKeys bool) *Plan {
 	arrivals := rand.New(rand.NewPCG(w.Seed, streamArrivals))
 	retries := rand.New(rand.NewPCG(w.Seed, streamRetries))
 	late := rand.New(rand.NewPCG(w.Seed, streamLate))
 
+	n := w.Ops + w.Ops/8
 	p := &Plan{
-		Keys:   make([]string, w.Ops),
-		Events: make([]Event, 0, w.Ops+w.Ops/8),
+		At:     make([]time.Duration, 0, n),
+		Op:     make([]int32, 0, n),
+		FP:     make([]uint64, 0, n),
+		Kind:   make([]Kind, 0, n),
+		KeyLen: make([]uint16, w.Ops),
 		Start:  start,
 		Source: w.String(),
 	}
+	if withKeys {
+		p.Keys = make([]string, w.Ops)
+	}
+	add := func(at time.Duration, op int, k Kind) {
+		p.At = append(p.At, at)
+		p.Op = append(p.Op, int32(op))
+		p.FP = append(p.FP, uint64(op)+1) // each operation its own parameters
+		p.Kind = append(p.Kind, k)
+	}
 	var t float64 // seconds since the start
-	for i := range p.Keys {
+	for i := range w.Ops {
 		t += arrivals.ExpFloat64() / w.Rate
 		at := seconds(t)
-		p.Keys[i] = uuid(arrivals)
-		fp := "op " + strconv.Itoa(i)
-		p.Events = append(p.Events, Event{At: at, Op: int32(i), Kind: First, Fingerprint: fp})
+		key := uuid(arrivals)
+		p.KeyLen[i] = uint16(len(key))
+		if withKeys {
+			p.Keys[i] = string(key[:])
+		}
+		add(at, i, First)
 
 		sent := at
 		for n := 1; n <= w.Retries && retries.Float64() < w.TimeoutShare; n++ {
 			sent = min(sent+w.retryPause(n, retries), maxDelay)
-			p.Events = append(p.Events, Event{At: sent, Op: int32(i), Kind: Retry, Fingerprint: fp})
+			add(sent, i, Retry)
 		}
 		if late.Float64() < w.LateShare {
-			p.Events = append(p.Events, Event{At: min(at+w.lateDelay(late), maxDelay), Op: int32(i), Kind: Late, Fingerprint: fp})
+			add(min(at+w.lateDelay(late), maxDelay), i, Late)
 		}
 	}
-	slices.SortStableFunc(p.Events, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
+	if w.OpTime > 0 {
+		p.Dur = make([]time.Duration, len(p.At))
+		for i := range p.Dur {
+			p.Dur[i] = w.OpTime
+		}
+	}
+	p.sortByTime(false)
 	return p
 }
 
@@ -173,6 +141,9 @@ func (w Workload) String() string {
 			percent(w.TimeoutShare), w.Retries, shortDuration(w.RetryBase),
 			strconv.FormatFloat(w.RetryFactor, 'g', 3, 64), shortDuration(w.RetryCap))
 	}
+	if w.OpTime > 0 {
+		s += fmt.Sprintf(", fn runs %s", shortDuration(w.OpTime))
+	}
 	if w.LateShare > 0 {
 		s += fmt.Sprintf(", %s late (median %s, p99 %s)",
 			percent(w.LateShare), shortDuration(w.LateMedian), shortDuration(w.LateP99))
@@ -182,7 +153,7 @@ func (w Workload) String() string {
 
 // uuid draws a random version 4 UUID: generated keys have the length of
 // the keys most services use, so that record sizes are realistic.
-func uuid(rng *rand.Rand) string {
+func uuid(rng *rand.Rand) [36]byte {
 	var b [16]byte
 	for i := 0; i < 16; i += 8 {
 		u := rng.Uint64()
@@ -202,7 +173,7 @@ func uuid(rng *rand.Rand) string {
 	hex.Encode(s[19:23], b[8:10])
 	s[23] = '-'
 	hex.Encode(s[24:36], b[10:16])
-	return string(s[:])
+	return s
 }
 
 // seconds converts float seconds to a Duration, rounded to the microsecond

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,15 +23,24 @@ type Options struct {
 	Lease time.Duration
 	// ResultSize is the size in bytes of fn's result, which is stored.
 	ResultSize int
-	// Redis is the address of a real Redis; empty means an embedded
-	// miniredis on a virtual clock.
+	// Engine is engineFast (the protocol's rules, applied in Go) or
+	// engineReal (the library, on miniredis or Redis).
+	Engine string
+	// Redis is the address of a real Redis (with engineReal); empty means
+	// an embedded miniredis on a virtual clock.
 	Redis string
 	// TimeScale is how many times faster than virtual time a real Redis
 	// runs (at least 1).
 	TimeScale float64
-	// Progress, when not nil, is incremented after every request.
+	// Progress, when not nil, is incremented as requests are replayed.
 	Progress *atomic.Int64
 }
+
+// The engines.
+const (
+	engineFast = "fast" // fast.go
+	engineReal = "real" // this file
+)
 
 // Result is what one retention policy made of a Plan.
 type Result struct {
@@ -40,10 +50,10 @@ type Result struct {
 	Operations, Requests, Retries int
 	// Replays are requests answered from a stored record without running
 	// fn; Conflicts are requests refused with ErrConflict (a key reused
-	// with another fingerprint).
-	Replays, Conflicts int
-	// Duplicates counts the runs of fn beyond the first for an operation,
-	// from the ledger fn writes to.
+	// with another fingerprint); InProgress are requests that found the
+	// operation's fn still running (with WithWait they wait for it).
+	Replays, Conflicts, InProgress int
+	// Duplicates counts the runs of fn beyond the first for an operation.
 	Duplicates int
 	// PeakRecords and PeakBytes are the most records alive at once and the
 	// most bytes they held at once (see BytesMethod).
@@ -63,33 +73,41 @@ func (r Result) DuplicateRate() float64 {
 
 // How bytes are counted, by store.
 const (
-	bytesPayload     = "payload"      // miniredis: key + field names + values
+	bytesPayload     = "payload"      // miniredis and the fast engine: key + value
 	bytesMemoryUsage = "memory-usage" // Redis: MEMORY USAGE of each record
 )
 
-// Simulate runs plan once per policy, concurrently, each on a store of its
-// own, and returns the results in the order of opts.Policies.
-func Simulate(parent context.Context, plan *Plan, opts Options) ([]Result, error) {
+// Simulate runs plan once per policy, each on a store of its own, and
+// returns the results in the order of policies. The real engine runs all
+// policies at once (each waits on its store); the fast engine runs as many
+// at once as there are CPUs, each holding 12 bytes per operation.
+func Simulate(parent context.Context, plan *Plan, policies []time.Duration, opts Options) ([]Result, error) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	results := make([]Result, len(opts.Policies))
-	errs := make([]error, len(opts.Policies))
+	results := make([]Result, len(policies))
+	errs := make([]error, len(policies))
 	runID := newRunID()
 	startAt := time.Now() // virtual time 0 on a real Redis
+	workers := len(policies)
+	if opts.Engine != engineReal {
+		workers = min(workers, runtime.GOMAXPROCS(0))
+	}
+	slots := make(chan struct{}, workers)
 	var wg sync.WaitGroup
-	for i, retention := range opts.Policies {
+	for i, retention := range policies {
 		wg.Go(func() {
-			tap := &keyTap{}
-			var st store
-			var err error
-			if opts.Redis == "" {
-				st, err = newMemStore(plan.Start, tap)
-			} else {
-				st, err = newRedisStore(ctx, opts.Redis, runID, i, startAt, opts.TimeScale, tap)
+			select {
+			case slots <- struct{}{}:
+				defer func() { <-slots }()
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
 			}
-			if err == nil {
-				results[i], err = runPolicy(ctx, plan, retention, opts, st, tap)
-				err = errors.Join(err, st.close())
+			var err error
+			if opts.Engine == engineReal {
+				results[i], err = realPolicy(ctx, plan, retention, opts, runID, i, startAt)
+			} else {
+				results[i], err = fastPolicy(ctx, plan, retention, opts)
 			}
 			if err != nil {
 				errs[i] = fmt.Errorf("retention %s: %w", shortDuration(retention), err)
@@ -114,29 +132,67 @@ func Simulate(parent context.Context, plan *Plan, opts Options) ([]Result, error
 	return results, nil
 }
 
+// realPolicy replays plan through the library with one retention, on a
+// store of its own.
+func realPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts Options, runID string, n int, startAt time.Time) (Result, error) {
+	tap := &keyTap{}
+	var st store
+	var err error
+	if opts.Redis == "" {
+		st, err = newMemStore(plan.Start, tap)
+	} else {
+		st, err = newRedisStore(ctx, opts.Redis, runID, n, startAt, opts.TimeScale, tap)
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := runPolicy(ctx, plan, retention, opts, st, tap)
+	return res, errors.Join(err, st.close())
+}
+
+// A flight is a request whose fn runs for a while (Plan.Dur): its Do call
+// runs in a goroutine of its own, and fn waits for the replay to reach the
+// time its outcome is recorded.
+type flight struct {
+	i       int32         // the request
+	release chan struct{} // closed to let fn return
+	done    chan error    // Do's error, once it returned
+}
+
 // runPolicy replays plan through a Client with the given retention, one
-// request at a time in virtual-time order.
+// event at a time in virtual-time order: each request, and each recording
+// of an outcome of an fn that runs for a while, which comes before the
+// requests of its time (see fast.go for the order of events).
 func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts Options, st store, tap *keyTap) (Result, error) {
 	res := Result{
 		Retention:   retention,
-		Operations:  len(plan.Keys),
-		Requests:    len(plan.Events),
-		Retries:     len(plan.Events) - len(plan.Keys),
+		Operations:  plan.Ops(),
+		Requests:    plan.Len(),
+		Retries:     plan.Len() - plan.Ops(),
 		BytesMethod: bytesPayload,
 	}
 	if opts.Redis != "" {
 		res.BytesMethod = bytesMemoryUsage
 	}
+	if plan.Keys == nil {
+		return res, errors.New("internal error: the real engine needs the plan's keys")
+	}
 
 	scale := st.scale()
 	var (
+		// mu guards recs and now, which the tap reads from the goroutines
+		// of Do calls (and of the library's lease renewals).
+		mu     sync.Mutex
 		recs   = newRecords()
 		now    time.Duration
-		runs   = make([]int32, len(plan.Keys)) // the ledger: how often fn ran, by operation
+		runs   = make([]int32, plan.Ops()) // the ledger: how often fn ran, by operation
 		result = make([]byte, opts.ResultSize)
+		queue  recordingQueue // flights by the time their outcome is recorded
+		flying = map[int32]*flight{}
 	)
-	// Set before New starts the Client's background work.
 	tap.before = func(key string) {
+		mu.Lock()
+		defer mu.Unlock()
 		if r, ok := recs.live[key]; ok {
 			st.refresh(key, time.Duration(float64(r.expires-now)/scale))
 		}
@@ -145,63 +201,158 @@ func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts Op
 		idem.WithPrefix(st.prefix()),
 		idem.WithRetention(scaled(retention, scale)),
 		idem.WithLease(scaled(opts.Lease, scale)),
-		// fn is instant and requests are sequential: nothing should wait,
-		// and if something did, it must not block on the wall clock.
+		// A request that finds fn running gets ErrInProgress at once: it
+		// must not block on the wall clock.
 		idem.WithWait(0),
 		idem.WithMaxKeyLen(maxKeyLen),
 		idem.WithMaxResultSize(max(opts.ResultSize, 1)),
 		idem.WithLogger(nil), // the report is the output; miniredis cannot tell its eviction policy
 	)
 	defer c.Close()
-	for i, ev := range plan.Events {
+	defer func() {
+		// An error left flights running: let them end.
+		for _, f := range flying {
+			close(f.release)
+			<-f.done
+		}
+	}()
+
+	// advance moves the store and the tracked records to virtual time at.
+	advance := func(at time.Duration) error {
+		mu.Lock()
+		now = at
+		mu.Unlock()
+		if err := st.wait(ctx, at); err != nil {
+			return err
+		}
+		mu.Lock()
+		recs.expireUntil(at, st.expire)
+		mu.Unlock()
+		return nil
+	}
+	// settle reads what the event's scripts wrote and notes the peaks.
+	settle := func(what string) error {
+		for _, k := range tap.take() {
+			ttl, size, ok, err := st.inspect(ctx, k)
+			mu.Lock()
+			switch {
+			case err != nil:
+			case !ok:
+				recs.remove(k)
+			case ttl <= 0:
+				err = fmt.Errorf("%s: idem left record %q without a TTL", what, k)
+			default:
+				recs.set(k, now+time.Duration(float64(ttl)*scale), size)
+			}
+			mu.Unlock()
+			if err != nil {
+				return err
+			}
+		}
+		recs.notePeak()
+		return nil
+	}
+	describe := func(i int32) string {
+		return fmt.Sprintf("request %d (key %q at %s)", i+1, plan.Keys[plan.Op[i]], shortDuration(plan.At[i]))
+	}
+	// land records the outcome of the earliest flight.
+	land := func() error {
+		i, at := queue.pop()
+		f := flying[i]
+		delete(flying, i)
+		if err := advance(time.Duration(at)); err != nil {
+			return err
+		}
+		close(f.release)
+		if err := <-f.done; err != nil {
+			return fmt.Errorf("%s: recording its outcome: %w", describe(i), err)
+		}
+		return settle(describe(i))
+	}
+
+	for i := range int32(plan.Len()) {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		now = ev.At
-		if err := st.wait(ctx, now); err != nil {
+		at := plan.At[i]
+		for queue.len() > 0 && queue.next() <= int64(at) {
+			if err := land(); err != nil {
+				return res, err
+			}
+		}
+		if err := advance(at); err != nil {
 			return res, err
 		}
-		recs.expireUntil(now, st.expire)
 
-		key := plan.Keys[ev.Op]
-		before := runs[ev.Op]
-		// fn's result reuses one buffer: Do has sent it to Redis by the time
-		// it returns.
-		out, err := c.Do(ctx, key, ev.Fingerprint, func(context.Context) ([]byte, error) {
-			runs[ev.Op]++
+		op := plan.Op[i]
+		key := plan.Keys[op]
+		before := runs[op]
+		fn := func(context.Context) ([]byte, error) {
+			runs[op]++
 			return fill(result, key), nil
-		})
-		ran := runs[ev.Op] > before
+		}
+		var out []byte
+		var err error
+		if d := plan.duration(int(i)); d > 0 {
+			f := &flight{i: i, release: make(chan struct{}), done: make(chan error, 1)}
+			started := make(chan struct{})
+			slow := func(ctx context.Context) ([]byte, error) {
+				close(started)
+				<-f.release
+				return fn(ctx)
+			}
+			replied := make(chan struct{})
+			go func() {
+				var e error
+				out, e = c.Do(ctx, key, plan.fingerprint(int(i)), slow)
+				err = e
+				close(replied)
+				f.done <- e
+			}()
+			select {
+			case <-started: // the claim is ours: fn runs until the recording
+				flying[i] = f
+				queue.push(i, int64(at+d))
+				if err := settle(describe(i)); err != nil {
+					return res, err
+				}
+				if opts.Progress != nil {
+					opts.Progress.Add(1)
+				}
+				continue
+			case <-replied:
+				<-f.done
+			}
+		} else {
+			// fn's result reuses one buffer: Do has sent it to Redis by the
+			// time it returns.
+			out, err = c.Do(ctx, key, plan.fingerprint(int(i)), fn)
+		}
+		ran := runs[op] > before
 		switch {
 		case err == nil && ran:
 		case err == nil:
 			res.Replays++
 			if len(out) != len(result) || !bytes.Equal(out, fill(result, key)) {
-				return res, fmt.Errorf("request %d (key %q at %s): replayed a result that is not this operation's",
-					i+1, key, shortDuration(now))
+				return res, fmt.Errorf("%s: replayed a result that is not this operation's", describe(i))
 			}
 		case errors.Is(err, idem.ErrConflict):
 			res.Conflicts++
+		case errors.Is(err, idem.ErrInProgress):
+			res.InProgress++
 		default:
-			return res, fmt.Errorf("request %d (key %q at %s): %w", i+1, key, shortDuration(now), err)
+			return res, fmt.Errorf("%s: %w", describe(i), err)
 		}
-
-		for _, k := range tap.take() {
-			ttl, size, ok, err := st.inspect(ctx, k)
-			switch {
-			case err != nil:
-				return res, err
-			case !ok:
-				recs.remove(k)
-			case ttl <= 0:
-				return res, fmt.Errorf("request %d: idem left record %q without a TTL", i+1, k)
-			default:
-				recs.set(k, now+time.Duration(float64(ttl)*scale), size)
-			}
+		if err := settle(describe(i)); err != nil {
+			return res, err
 		}
-		recs.notePeak()
 		if opts.Progress != nil {
 			opts.Progress.Add(1)
+		}
+	}
+	for queue.len() > 0 {
+		if err := land(); err != nil {
+			return res, err
 		}
 	}
 	if err := st.check(len(recs.live)); err != nil {

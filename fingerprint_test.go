@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"math/big"
 	"net/netip"
 	"net/url"
@@ -218,5 +219,59 @@ func TestFingerprintIsHex(t *testing.T) {
 	fp := idem.Fingerprint("4111-1111-1111-1111", big.NewInt(7))
 	if len(fp) != 32 || strings.Trim(fp, "0123456789abcdef") != "" {
 		t.Errorf("fingerprint %q is not a 32-digit hex digest", fp)
+	}
+}
+
+func TestFingerprint(t *testing.T) {
+	type params struct {
+		Account string
+		Amount  int64
+		meta    string
+	}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	same := [][2]string{
+		{idem.Fingerprint(map[string]int{"a": 1, "b": 2, "c": 3}), idem.Fingerprint(map[string]int{"c": 3, "b": 2, "a": 1})},
+		{idem.Fingerprint(params{"A", 1, "x"}), idem.Fingerprint(&params{"A", 1, "x"})},
+		{idem.Fingerprint(at), idem.Fingerprint(at.In(time.FixedZone("X", 3600)))},
+		{idem.Fingerprint("acct", 100), idem.Fingerprint("acct", 100)},
+	}
+	for i, p := range same {
+		if p[0] != p[1] {
+			t.Errorf("pair %d: %s != %s", i, p[0], p[1])
+		}
+	}
+	distinct := []string{
+		idem.Fingerprint("ab", "c"), idem.Fingerprint("a", "bc"), idem.Fingerprint("abc"),
+		idem.Fingerprint(int64(1)), idem.Fingerprint(uint64(1)), idem.Fingerprint("1"),
+		idem.Fingerprint([]byte("1")), idem.Fingerprint(nil), idem.Fingerprint(),
+		idem.Fingerprint(params{"A", 1, ""}), idem.Fingerprint(params{"A", 2, ""}), idem.Fingerprint(params{"A", 1, "y"}),
+		idem.Fingerprint([]int{1, 2}), idem.Fingerprint([]int{2, 1}),
+		idem.Fingerprint(map[string]int{"a": 1}), idem.Fingerprint(map[string]int{"a": 2}),
+	}
+	seen := map[string]int{}
+	for i, fp := range distinct {
+		if j, ok := seen[fp]; ok {
+			t.Errorf("values %d and %d share fingerprint %s", j, i, fp)
+		}
+		seen[fp] = i
+		if len(fp) != 32 || strings.Contains(fp, "acct") {
+			t.Errorf("fingerprint %q is not a 32-digit hex digest", fp)
+		}
+	}
+}
+
+func TestRawParametersNeverStored(t *testing.T) {
+	b := newMiniredis(t)
+	c := b.idem(t)
+	secret := "4111-1111-1111-1111"
+	if _, err := c.Do(context.Background(), "k", secret, func(context.Context) ([]byte, error) { return []byte("ok"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := b.mr.Get(idem.RecordKey(c, "k"))
+	if err != nil || !strings.HasSuffix(rec, ":ok") {
+		t.Fatalf("record: %q, %v", rec, err)
+	}
+	if strings.Contains(rec, secret) || strings.Contains(rec, "4111") {
+		t.Fatalf("the record holds the raw fingerprint: %q", rec)
 	}
 }

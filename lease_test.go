@@ -1,6 +1,7 @@
 package idem_test
 
-// Owner safety under slow replies (rows 27–32 of docs/faults.md): the
+// Leases: takeovers of crashed and stale owners, renewals while fn runs,
+// and owner safety under slow replies (rows 27–32 of docs/faults.md): the
 // promise checked is the promise itself, not a path through the code. When
 // an fn starts, every other fn of its key has a context that is already
 // done (owners.enter), whatever replies are held, lost or re-sent.
@@ -486,3 +487,182 @@ func TestFollowersKeepTheirOwnBudget(t *testing.T) {
 
 // nil2 is an fn for callers that must not run it.
 func nil2(context.Context) ([]byte, error) { return nil, errors.New("a waiter ran fn") }
+
+func TestCrashedOwnerTakenOver(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const lease = 200 * time.Millisecond
+		c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+		ctx := context.Background()
+		rk := idem.RecordKey(c, "k")
+		// What an owner that died inside fn leaves behind: a claim whose
+		// lease is not renewed.
+		b.do(t, "SET", rk, inProgress("dead-owner", 1, time.Minute, lease), "PX", time.Minute.Milliseconds())
+
+		var l ledger
+		_, err := c.Do(ctx, "k", "fp", l.fn("x"))
+		if !errors.Is(err, idem.ErrInProgress) {
+			t.Fatalf("during the dead owner's lease: got %v, want ErrInProgress", err)
+		}
+		b.advance(t, lease+50*time.Millisecond)
+		got, err := c.Do(ctx, "k", "fp", l.fn("x"))
+		if err != nil || string(got) != "x#2" {
+			t.Fatalf("after the lease: got %q, %v; want x#2 (a takeover)", got, err)
+		}
+	})
+}
+
+func TestStaleOwnerLosesLease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		c := b.idem(t, idem.WithWait(0))
+		ctx := context.Background()
+		rk := idem.RecordKey(c, "k")
+		var l ledger
+		inFn, resume := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				close(inFn)
+				<-resume
+				return []byte("stale"), nil
+			})
+			done <- err
+		}()
+		<-inFn
+		// The owner is paused past its lease: end it, as time would, by
+		// bringing the record's TTL down by the lease (the defaults: a
+		// 24h retention and a 30s lease).
+		b.do(t, "PEXPIRE", rk, (24*time.Hour - 30*time.Second).Milliseconds())
+		got, err := c.Do(ctx, "k", "fp", l.fn("new"))
+		if err != nil || string(got) != "new#2" {
+			t.Fatalf("takeover: got %q, %v; want new#2", got, err)
+		}
+		close(resume)
+		if err := <-done; !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("stale owner: got %v, want ErrLeaseLost", err)
+		}
+		got, err = c.Do(ctx, "k", "fp", l.fn("again"))
+		if err != nil || string(got) != "new#2" {
+			t.Fatalf("after the stale completion: got %q, %v; want the newer result new#2", got, err)
+		}
+	})
+}
+
+func TestLeaseLossCancelsFn(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	c := b.idem(t, idem.WithLease(60*time.Millisecond), idem.WithWait(0))
+	ctx := context.Background()
+	rk := idem.RecordKey(c, "k")
+	cause := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			// Another caller took over behind our back.
+			b.do(t, "SET", rk, inProgress("someone-else", 2, time.Minute, time.Minute), "PX", time.Minute.Milliseconds())
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return []byte("late"), nil
+		})
+		done <- err
+	}()
+	select {
+	case err := <-cause:
+		if !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("fn's context cause: %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("fn's context was not cancelled after the lease was lost")
+	}
+	if err := <-done; !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Do: got %v, want ErrLeaseLost", err)
+	}
+}
+
+func TestLeaseRenewedWhileFnRuns(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	const lease = 90 * time.Millisecond
+	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+	ctx := context.Background()
+	var l ledger
+	inFn, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			l.add(ctx)
+			close(inFn)
+			<-finish
+			return []byte("slow"), ctx.Err()
+		})
+		done <- err
+	}()
+	<-inFn
+	// Several leases later, the owner still holds the key.
+	time.Sleep(4 * lease)
+	if _, err := c.Do(ctx, "k", "fp", l.fn("dup")); !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("during a renewed lease: got %v, want ErrInProgress", err)
+	}
+	close(finish)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := l.count("k"); n != 1 {
+		t.Fatalf("fn ran %d times, want 1", n)
+	}
+}
+
+// TestManyLeasesRenewed runs fns that start one after another and overlap:
+// every other one lasts several leases, the rest end at once, before their
+// first renewal is due, and leave the queue of renewals from its middle.
+// One queue and one timer serve a Client's leases (see renew.go); every
+// long fn must keep its key, and every fn run once.
+func TestManyLeasesRenewed(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	const lease = 90 * time.Millisecond
+	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+	ctx := context.Background()
+	var l ledger
+	const n = 12
+	long := func(i int) bool { return i%2 == 0 }
+	finish := make(chan struct{})
+	var started sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		key := fmt.Sprintf("k%d", i)
+		started.Add(1)
+		go func() {
+			_, err := c.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				started.Done()
+				if long(i) {
+					<-finish
+				}
+				return []byte(key), ctx.Err()
+			})
+			errs <- err
+		}()
+		time.Sleep(lease / 10)
+	}
+	started.Wait()
+	time.Sleep(4 * lease)
+	for i := range n {
+		key := fmt.Sprintf("k%d", i)
+		got, err := c.Do(ctx, key, "fp", l.fn("dup"))
+		switch {
+		case long(i) && !errors.Is(err, idem.ErrInProgress):
+			t.Errorf("%s, after 4 leases of its fn: got %q, %v; want ErrInProgress", key, got, err)
+		case !long(i) && (err != nil || string(got) != key):
+			t.Errorf("%s, finished: got %q, %v; want the replay %q", key, got, err, key)
+		}
+	}
+	close(finish)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	for i := range n {
+		if key := fmt.Sprintf("k%d", i); l.count(key) != 1 {
+			t.Errorf("%s: fn ran %d times, want 1", key, l.count(key))
+		}
+	}
+}

@@ -115,7 +115,3 @@ var monoBase = time.Now()
 
 // mono returns the monotonic clock's time, in nanoseconds since monoBase.
 func mono() int64 { return int64(time.Since(monoBase)) }
-
-// monoOf returns t (which must carry a monotonic reading, as time.Now's
-// do) on mono's scale.
-func monoOf(t time.Time) int64 { return int64(t.Sub(monoBase)) }

@@ -123,8 +123,8 @@ type Client struct {
 	// client's clock against the server's, and for timers that fire late.
 	margin time.Duration
 
-	bg        sync.WaitGroup // work that outlives its call: releases, renewal calls
-	releasing atomic.Int64   // releases under way in the background
+	bg        background   // work that outlives its call: releases, renewal calls
+	releasing atomic.Int64 // releases under way in the background
 
 	closed atomic.Bool
 	wg     sync.WaitGroup // the background check started by New

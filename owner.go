@@ -36,7 +36,7 @@ func (c *Client) giveBack(ctx context.Context, keys []string, token string) {
 		return
 	}
 	done := make(chan struct{})
-	c.bg.Add(1)
+	c.bg.Add()
 	go func() {
 		defer c.bg.Done()
 		defer c.releasing.Add(-1)

@@ -177,7 +177,7 @@ func (c *Client) renewLoop(r *renewal) {
 				continue // the replies hang: the deadline decides
 			}
 			pending++
-			c.bg.Add(1)
+			c.bg.Add()
 			go func() {
 				defer c.bg.Done()
 				sent := mono()

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/faultconn"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
@@ -31,8 +32,31 @@ const (
 	// ends while the test runs (Redis is down for milliseconds at most).
 	rapidLease = 3 * time.Second
 	// rapidCrashLease is the lease of owners that crash: after it, the
-	// next caller takes over.
+	// next caller takes over. It is short, so that steps waiting for a
+	// crashed owner stay quick, and it is safe on a loaded machine because
+	// no renewal of it must succeed: a crashable owner is cut off as soon
+	// as its fn starts, and one resumed later is a paused owner, whose
+	// lease may have ended. Load only makes its fn start less often (its
+	// claim must come back with a third of the lease ahead, or renew
+	// first), and any error of a crashable instance is accepted. Nor can
+	// load fake a second live owner: fn's context ends on the clock (its
+	// Err reads it), not on a timer that may fire late.
 	rapidCrashLease = 150 * time.Millisecond
+	// rapidSlowLease is the lease of the slow instance, whose replies the
+	// SlowClaim and SlowRenewal steps hold for up to two leases. A renewal
+	// of it must succeed for its fn to start after a late claim reply, and
+	// to keep its fn's context live; a renewal is sent a third of a lease
+	// after the last: 600ms leaves 200ms for a round trip on a loaded
+	// machine. (Were one too slow, the slow call would end in ErrLeaseLost,
+	// which is accepted of it: the step would only test less.)
+	rapidSlowLease = 600 * time.Millisecond
+	// rapidSlowReadTimeout is the slow instance's go-redis ReadTimeout:
+	// shorter than the longest hold, so that go-redis re-sends some held
+	// scripts (a claim repeated after its lease ended answers "yours" with
+	// no lease left).
+	rapidSlowReadTimeout = time.Second
+	// rapidMaxSlow is the number of slow steps under way at once.
+	rapidMaxSlow = 2
 	// rapidWait is how long a duplicate waits for an owner; longer than
 	// rapidCrashLease, so that a waiter without a deadline of its own
 	// sees a crashed owner's lease end and takes over.
@@ -60,6 +84,9 @@ var rapidOutcomes = []string{"ok", "slow", "transient", "permanent", "panic"}
 // any Do returned: a result (nil error) or a recorded permanent error.
 // After every step it requires:
 //
+//   - never two live owners: when an fn starts with a live context, every
+//     other fn of its key that is still running has a context that is
+//     already done (owners, from lease_test.go, checked at every start);
 //   - no execution of fn for a key started after a final outcome was
 //     returned for it (one result; no double execution);
 //   - every final outcome returned for a key is the same (the same bytes,
@@ -99,6 +126,18 @@ var rapidOutcomes = []string{"ok", "slow", "transient", "permanent", "panic"}
 // that comes back, and its completion must be refused with ErrLeaseLost
 // if another caller took over meanwhile (if none did, completing is
 // correct: nobody else ran fn).
+//
+// Slow replies. The SlowClaim and SlowRenewal steps run on a fourth
+// instance, the slow one, whose connections go through a
+// faultconn.Injector and whose lease is rapidSlowLease: a claim's reply, or
+// a renewal's (the first or every one), is held for half a lease to two
+// leases, some past go-redis's ReadTimeout so that it re-sends the
+// script. The call goes on in the background while later steps run;
+// a competitor on a service instance may come after the slow call's lease
+// ended on the server, and hold its own fn across the moment the held
+// reply arrives. That is where a client that trusts a late reply starts a
+// second live owner. The slow instance's calls may end in ErrLeaseLost or
+// ErrNotRecorded (its lease ended for it), never in a wrong outcome.
 func TestRapidStateMachine(t *testing.T) {
 	setRapidChecks(t, rapidChecks)
 	env := &rapidEnv{t: t, srv: redistest.Start(t, redistest.Config{AppendOnly: true})}
@@ -116,13 +155,16 @@ func TestRapidStateMachine(t *testing.T) {
 			"ScriptFlush":  m.scriptFlush,
 			"KillPubSub":   m.killPubSub,
 			"NewKeys":      m.newKeys,
+			"SlowClaim":    m.slowClaim,
+			"SlowRenewal":  m.slowRenewal,
 			"":             m.check,
 		})
 		m.finish(rt)
 	})
-	t.Logf("rapid: %d checks, %d Do calls, %d fn executions (%d takeovers), %d crashed owners, %d resumed, %d restarts, %d script flushes, %d pub/sub kills, in %v",
-		env.checks.Load(), env.calls.Load(), env.execs.Load(), env.takeovers.Load(), env.crashes.Load(), env.resumes.Load(),
-		env.restarts.Load(), env.flushes.Load(), env.pubsubKills.Load(), time.Since(start).Round(time.Millisecond))
+	t.Logf("rapid: %d checks, %d Do calls, %d fn executions (%d takeovers, %d started with their context done), %d crashed owners, %d resumed, %d restarts, %d script flushes, %d pub/sub kills, %d slow claims and %d slow renewals (%d with a competitor; %d claim and %d renewal replies held), in %v",
+		env.checks.Load(), env.calls.Load(), env.execs.Load(), env.takeovers.Load(), env.deadStarts.Load(), env.crashes.Load(), env.resumes.Load(),
+		env.restarts.Load(), env.flushes.Load(), env.pubsubKills.Load(), env.slowClaims.Load(), env.slowRenewals.Load(), env.competitors.Load(),
+		env.heldClaims.Load(), env.heldRenewals.Load(), time.Since(start).Round(time.Millisecond))
 }
 
 // setRapidChecks sets rapid's number of checks for this test unless the
@@ -150,6 +192,7 @@ type rapidEnv struct {
 	srv *redistest.Server
 
 	checks, calls, execs, takeovers, crashes, resumes, restarts, flushes, pubsubKills atomic.Int64
+	deadStarts, slowClaims, slowRenewals, competitors, heldClaims, heldRenewals       atomic.Int64
 }
 
 // rapidMachine is one check: its own key prefix (so checks do not see
@@ -170,10 +213,23 @@ type rapidMachine struct {
 	finals   map[string]*rapidFinal  // the first final outcome returned, by key
 	problems []string
 	// firstLate holds the keys whose first execution had an attempt above
-	// 1, and noRun counts the calls of a key that returned an error
-	// without running fn: one of those gave a claim back.
+	// 1, and noRun counts the calls of a key that may have claimed an
+	// attempt and not run fn under it (those that returned an error
+	// without running fn, and slow calls): one of those gave a claim up.
 	firstLate map[string]int64
 	noRun     map[string]int
+
+	live owners // fns running, by key: the check of one live owner
+
+	// The slow steps are drawn on for half the checks (slowOn), so that
+	// the others, which need not wait for a slow step's end, keep the
+	// test's run time down, and a failure that needs no slow reply
+	// shrinks to a check without them.
+	slowOn    bool
+	slow      *rapidSlow     // the slow instance, made by the first slow step; used by the step goroutine only
+	scen      sync.WaitGroup // the slow steps' calls under way
+	scenarios atomic.Int32   // how many
+	slowKeys  map[string]int // guarded by mu; the keys of the slow steps under way
 
 	wg      sync.WaitGroup // every goroutine the check started
 	gated   []*rapidCall   // every call whose fn blocks until told its outcome
@@ -213,7 +269,9 @@ type rapidCall struct {
 	gate    chan string   // if set, fn blocks until it receives its outcome
 	started chan struct{} // closed when fn starts
 	timeout time.Duration // the call's context deadline; 0 for none
+	hold    time.Duration // how long fn runs, ignoring its context, before its outcome
 	cutter  *rapidCutter  // the crashable instance the call runs on
+	slow    bool          // the call runs on the slow instance
 	exec    atomic.Pointer[rapidExec]
 	done    chan struct{} // closed when Do returned
 
@@ -233,10 +291,12 @@ type rapidPanic struct{ payload string }
 func newRapidMachine(rt *rapid.T, env *rapidEnv) *rapidMachine {
 	n := env.checks.Add(1)
 	m := &rapidMachine{
-		env:    env,
-		prefix: fmt.Sprintf("rapid%d", n),
-		execs:  make(map[string][]*rapidExec),
-		finals: make(map[string]*rapidFinal),
+		env:      env,
+		prefix:   fmt.Sprintf("rapid%d", n),
+		execs:    make(map[string][]*rapidExec),
+		finals:   make(map[string]*rapidFinal),
+		slowOn:   rapid.Bool().Draw(rt, "slowReplies"),
+		slowKeys: make(map[string]int),
 	}
 	var rdbs []*redis.Client
 	for i := range m.clients {
@@ -266,6 +326,10 @@ func newRapidMachine(rt *rapid.T, env *rapidEnv) *rapidMachine {
 		for _, cu := range m.cutters {
 			cu.close()
 		}
+		if m.slow != nil {
+			_ = m.slow.c.Close()
+			_ = m.slow.rdb.Close()
+		}
 	})
 	return m
 }
@@ -279,6 +343,17 @@ func (m *rapidMachine) problem(format string, args ...any) {
 // fn returns the fn of call c.
 func (m *rapidMachine) fn(c *rapidCall) func(context.Context) ([]byte, error) {
 	return func(ctx context.Context) ([]byte, error) {
+		// One live owner: an fn that starts with a live context finds
+		// every other running fn of its key with a context already done.
+		// One whose own context is done at its start is no live owner (it
+		// started on a lease that ended meanwhile: the goroutine stalled
+		// between the lease check and fn); it is counted, not checked.
+		if ctx.Err() == nil {
+			leave := m.live.enter(ctx)
+			defer leave()
+		} else {
+			m.env.deadStarts.Add(1)
+		}
 		a, ok := idem.AttemptFrom(ctx)
 		if !ok || a.Key != c.key {
 			m.problem("%s: fn for key %q ran with attempt %+v, %v", c.who, c.key, a, ok)
@@ -295,6 +370,7 @@ func (m *rapidMachine) fn(c *rapidCall) func(context.Context) ([]byte, error) {
 		if out == "slow" {
 			time.Sleep(time.Duration(10+e.id%5*10) * time.Millisecond)
 		}
+		time.Sleep(c.hold)
 		payload := fmt.Sprintf("%s|attempt=%d|exec=%d", c.key, a.Number, e.id)
 		if out == "permanent" {
 			payload = "declined " + payload
@@ -396,7 +472,10 @@ func (m *rapidMachine) record(c *rapidCall) {
 	if e != nil && e.outcome == "panic" && c.panicked == nil {
 		bad("fn panicked but Do returned (%q, %v)", c.res, c.err)
 	}
-	if e == nil && c.err != nil {
+	if (e == nil && c.err != nil) || c.slow {
+		// A slow call may have claimed an attempt and not run fn under it:
+		// its claim's reply came after another caller took over, and it
+		// waited, for an outcome that is not its own or to claim again.
 		if m.noRun == nil {
 			m.noRun = make(map[string]int)
 		}
@@ -437,6 +516,11 @@ func (m *rapidMachine) record(c *rapidCall) {
 	case e == nil && errors.Is(c.err, idem.ErrLeaseLost):
 		// The claim's reply came with too little of the lease left, and
 		// renewing it failed: fn did not start, the claim was given back.
+	case c.slow && (errors.Is(c.err, idem.ErrLeaseLost) || errors.Is(c.err, idem.ErrNotRecorded)):
+		// A held renewal ended the slow owner's lease for it (its
+		// context), and another caller may have taken the key over: its
+		// completion was refused. Its outcome is not the key's: checked
+		// above.
 	default:
 		bad("unexpected error: %v", c.err)
 	}
@@ -471,8 +555,14 @@ func (m *rapidMachine) final(c *rapidCall, seq int64, kind byte, payload string,
 
 // check is the invariant, run after every step.
 func (m *rapidMachine) check(rt *rapid.T) {
+	m.live.mu.Lock()
+	overlaps := append([]string(nil), m.live.overlaps...)
+	m.live.mu.Unlock()
 	m.mu.Lock()
 	problems := append([]string(nil), m.problems...)
+	for _, o := range overlaps {
+		problems = append(problems, "TWO LIVE OWNERS: "+o)
+	}
 	for key, f := range m.finals {
 		for _, e := range m.execs[key] {
 			if e.attempt > f.exec.attempt {
@@ -586,6 +676,7 @@ func (m *rapidMachine) burst(rt *rapid.T, n int) {
 		}
 		break
 	}
+	slow := m.slowKeys[key] > 0
 	m.mu.Unlock()
 	if held {
 		// The key stays held by a blocked owner: bound the waits, which
@@ -593,6 +684,15 @@ func (m *rapidMachine) burst(rt *rapid.T, n int) {
 		for _, c := range calls {
 			if c.timeout == 0 || c.timeout > 100*time.Millisecond {
 				c.timeout = 100 * time.Millisecond
+			}
+		}
+	} else if slow {
+		// A slow step holds the key, maybe for longer than the wait
+		// budget (held renewals that go-redis re-sends keep renewing it):
+		// bound the waits, yet let a waiter take over at a lease's end.
+		for _, c := range calls {
+			if c.timeout == 0 || c.timeout > rapidSlowLease/2 {
+				c.timeout = rapidSlowLease / 2
 			}
 		}
 	}
@@ -746,6 +846,7 @@ func (m *rapidMachine) finish(rt *rapid.T) {
 	for _, c := range append(owners, zombies...) {
 		m.record(c)
 	}
+	m.scen.Wait()
 	m.check(rt)
 	m.mu.Lock()
 	keys := append([]string(nil), m.keys...)
@@ -769,6 +870,180 @@ func (m *rapidMachine) finish(rt *rapid.T) {
 		}
 	}
 	m.check(rt)
+}
+
+// rapidSlow is the slow instance of a check: an idem.Client with the lease
+// rapidSlowLease whose connections go through in, where the slow steps add
+// rules that hold replies.
+type rapidSlow struct {
+	in  *faultconn.Injector
+	rdb *redis.Client
+	c   *idem.Client
+}
+
+// slowInstance returns the check's slow instance, made at its first use.
+func (m *rapidMachine) slowInstance() *rapidSlow {
+	if m.slow != nil {
+		return m.slow
+	}
+	addr := m.env.srv.Addr()
+	s := &rapidSlow{in: faultconn.New()}
+	s.rdb = redis.NewClient(&redis.Options{
+		Addr:            addr,
+		Dialer:          s.in.Dialer(addr),
+		PoolSize:        64,
+		ReadTimeout:     rapidSlowReadTimeout,
+		MinRetryBackoff: time.Millisecond,
+		MaxRetryBackoff: 2 * time.Millisecond,
+	})
+	s.c = idem.New(s.rdb, idem.WithPrefix(m.prefix), idem.WithLease(rapidSlowLease),
+		idem.WithWait(rapidWait), idem.WithPollInterval(50*time.Millisecond),
+		idem.WithStoreTimeout(5*time.Second))
+	m.slow = s
+	return s
+}
+
+// hold makes the slow instance hold the replies of script (by name) on
+// key's record for d: the nth one from now, or every one with nth 0, until
+// the returned func is called. held counts the replies held.
+func (s *rapidSlow) hold(script, record string, nth int, d time.Duration, held *atomic.Int64) (stop func()) {
+	isScript := faultconn.IsScript(idem.ScriptSHA(script))
+	var stopped atomic.Bool
+	s.in.Add(faultconn.Rule{
+		Match: func(cmd []string) bool {
+			// EVALSHA sha numkeys key...: the record is the first key.
+			if stopped.Load() || len(cmd) < 4 || cmd[3] != record || !isScript(cmd) {
+				return false
+			}
+			held.Add(1) // a rule acts on every command it matches (Nth 0 or 1)
+			return true
+		},
+		Nth:    nth,
+		Action: faultconn.DelayReply,
+		Delay:  d,
+	})
+	return func() { stopped.Store(true) }
+}
+
+// scenario runs f, a slow step's calls on key, in the background: later
+// steps run meanwhile, and finish waits for it.
+func (m *rapidMachine) scenario(key string, f func()) {
+	m.scenarios.Add(1)
+	m.scen.Add(1)
+	m.mu.Lock()
+	m.slowKeys[key]++
+	m.mu.Unlock()
+	m.wg.Go(func() {
+		defer m.scen.Done()
+		defer m.scenarios.Add(-1)
+		defer func() {
+			m.mu.Lock()
+			m.slowKeys[key]--
+			m.mu.Unlock()
+		}()
+		f()
+	})
+}
+
+// slowStep skips a slow step when slow steps are off in this check, or
+// rapidMaxSlow are under way.
+func (m *rapidMachine) slowStep(rt *rapid.T) {
+	if !m.slowOn {
+		rt.Skip("no slow steps in this check")
+	}
+	if m.scenarios.Load() >= rapidMaxSlow {
+		rt.Skip("slow steps are under way")
+	}
+}
+
+// competitor draws a call on a service instance that comes, after (from
+// the slow call's start, at least a lease) when the slow call's lease may
+// have ended on the server, to take its key over, and holds its fn for up
+// to hold ms, across the moment the slow call's held reply may arrive; or
+// nil.
+func (m *rapidMachine) competitor(rt *rapid.T, key string, hold, afterMax int) (c *rapidCall, after time.Duration) {
+	if !rapid.Bool().Draw(rt, "competitor") {
+		return nil, 0
+	}
+	c = m.call(rt, key, "competitor.")
+	c.timeout = 0 // it waits (rapidWait) for the lease to end
+	c.hold = time.Duration(rapid.IntRange(0, hold).Draw(rt, "competitorHoldMs")) * time.Millisecond
+	after = time.Duration(rapid.IntRange(int(rapidSlowLease/time.Millisecond), afterMax).Draw(rt, "competitorAfterMs")) * time.Millisecond
+	c.who += " (competitor)"
+	return c, after
+}
+
+// slowRun launches slow, then the competitor comp (if any) after after,
+// records both, and stops the rule.
+func (m *rapidMachine) slowRun(slow, comp *rapidCall, after time.Duration, stop func()) {
+	if comp != nil {
+		m.env.competitors.Add(1)
+	}
+	m.scenario(slow.key, func() {
+		defer stop()
+		start := time.Now()
+		m.launch(slow, nil)
+		if comp != nil {
+			time.Sleep(time.Until(start.Add(after)))
+			m.launch(comp, nil)
+			m.record(comp)
+		}
+		m.record(slow)
+	})
+}
+
+// slowClaim: a call on the slow instance whose claim's reply is held for
+// half a lease to two (past ReadTimeout, go-redis sends the claim
+// again). When the reply comes after the lease ended, another caller
+// may hold the key.
+func (m *rapidMachine) slowClaim(rt *rapid.T) {
+	m.slowStep(rt)
+	key := m.key(rt)
+	lease := int(rapidSlowLease / time.Millisecond)
+	held := time.Duration(rapid.IntRange(lease/2, 2*lease).Draw(rt, "claimHeldMs")) * time.Millisecond
+	c := &rapidCall{
+		key:     key,
+		who:     fmt.Sprintf("slow instance (claim reply held %v)", held),
+		outcome: rapid.SampledFrom(rapidOutcomes).Draw(rt, "slowOutcome"),
+		hold:    time.Duration(rapid.IntRange(0, lease/3).Draw(rt, "slowHoldMs")) * time.Millisecond,
+		slow:    true,
+	}
+	// The competitor comes soon after the lease ended, mostly before the
+	// held reply arrives, and holds its fn for up to half a lease.
+	comp, after := m.competitor(rt, key, lease/2, 3*lease/2)
+	s := m.slowInstance()
+	c.c = s.c
+	m.env.slowClaims.Add(1)
+	stop := s.hold("claim", idem.RecordKey(s.c, key), 1, held, &m.env.heldClaims)
+	m.slowRun(c, comp, after, stop)
+}
+
+// slowRenewal: an owner on the slow instance whose fn runs for one to two
+// leases, ignoring its context, while the reply of its first renewal, or
+// of every one, is held for half a lease to two.
+// Its context must end before its lease can end on the server; another
+// caller may come to take the key over.
+func (m *rapidMachine) slowRenewal(rt *rapid.T) {
+	m.slowStep(rt)
+	key := m.key(rt)
+	lease := int(rapidSlowLease / time.Millisecond)
+	held := time.Duration(rapid.IntRange(lease/2, 2*lease).Draw(rt, "renewalHeldMs")) * time.Millisecond
+	nth := rapid.SampledFrom([]int{1, 0}).Draw(rt, "renewalsHeld") // the first, or every one
+	c := &rapidCall{
+		key:     key,
+		who:     fmt.Sprintf("slow instance (renewal replies held %v, nth %d)", held, nth),
+		outcome: rapid.SampledFrom(rapidOutcomes).Draw(rt, "slowOutcome"),
+		hold:    time.Duration(rapid.IntRange(lease, 2*lease).Draw(rt, "slowHoldMs")) * time.Millisecond,
+		slow:    true,
+	}
+	// The lease ends on the server a lease after the last renewal that
+	// reached it: from four thirds of a lease on.
+	comp, after := m.competitor(rt, key, lease/3, 5*lease/3)
+	s := m.slowInstance()
+	c.c = s.c
+	m.env.slowRenewals.Add(1)
+	stop := s.hold("renew", idem.RecordKey(s.c, key), nth, held, &m.env.heldRenewals)
+	m.slowRun(c, comp, after, stop)
 }
 
 // rapidCutter is a crashable service instance's go-redis client: cut

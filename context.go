@@ -1,5 +1,6 @@
 // context.go: the contexts of a call: fn's (with its Attempt) and the
-// detached ones that bound recording and releasing.
+// detached ones that bound recording and releasing; and the count of the
+// work that outlives its call, which Close waits for.
 
 package idem
 

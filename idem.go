@@ -92,7 +92,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -123,11 +122,10 @@ type Client struct {
 	// client's clock against the server's, and for timers that fire late.
 	margin time.Duration
 
-	bg        background   // work that outlives its call: releases, renewal calls
+	bg        background   // work that outlives its call (releases, renewal calls), and New's check
 	releasing atomic.Int64 // releases under way in the background
 
 	closed atomic.Bool
-	wg     sync.WaitGroup // the background check started by New
 }
 
 // New returns a Client that stores its records in rdb, which may be a
@@ -157,9 +155,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	}
 	c.hub = newHub(rdb)
 	if rdb != nil {
-		c.wg.Add(1)
+		c.bg.Add()
 		go func() {
-			defer c.wg.Done()
+			defer c.bg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			c.checkEvictionPolicy(ctx)
@@ -181,7 +179,6 @@ func (c *Client) Close() error {
 		return nil
 	}
 	err := c.hub.close()
-	c.wg.Wait()
 	c.bg.Wait()
 	return err
 }

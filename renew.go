@@ -180,11 +180,10 @@ func (c *Client) renewLoop(r *renewal) {
 			c.bg.Add()
 			go func() {
 				defer c.bg.Done()
-				sent := mono()
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), every)
-				n, err := renewScript.Run(rctx, c.rdb, r.keys, r.token, c.leaseMs, c.retentionMs).Int64()
+				renewed, sent, err := c.renew(rctx, r.keys, r.token)
 				cancel()
-				replies <- renewReply{renewed: err == nil && n == 1, err: err, sent: sent}
+				replies <- renewReply{renewed: renewed, err: err, sent: sent}
 			}()
 		case rep := <-replies:
 			pending--
@@ -214,10 +213,10 @@ func (c *Client) renewLoop(r *renewal) {
 // one's reply hangs (it may be one bad connection), but not without end.
 const maxPendingRenewals = 2
 
-// renewOnce renews the lease of a claim before fn starts, when its reply
-// came with too little of the lease left. It reports whether the claim is
-// still ours, and when the renewal was sent (mono).
-func (c *Client) renewOnce(ctx context.Context, keys []string, token string) (renewed bool, sent int64, err error) {
+// renew runs lua/renew.lua once: for renewLoop, and before fn starts when
+// a claim's reply came with too little of the lease left. It reports
+// whether the claim is still ours, and when the renewal was sent (mono).
+func (c *Client) renew(ctx context.Context, keys []string, token string) (renewed bool, sent int64, err error) {
 	sent = mono()
 	n, err := renewScript.Run(ctx, c.rdb, keys[:1], token, c.leaseMs, c.retentionMs).Int64()
 	return err == nil && n == 1, sent, err

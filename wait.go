@@ -79,7 +79,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			if deadline-mono() < int64(c.renewals.every) {
 				// Too little left to start fn on (a slow reply, or a repeat
 				// of a claim whose reply was lost): renew first.
-				renewed, at, err := c.renewOnce(ctx, keys, token)
+				renewed, at, err := c.renew(ctx, keys, token)
 				if err == nil && !renewed {
 					// Another caller took the key over meanwhile (or the
 					// record is gone): wait for it like any duplicate.

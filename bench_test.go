@@ -495,7 +495,12 @@ func BenchmarkPaired(b *testing.B) {
 	})
 	b.Run("NewKeyParallel", func(b *testing.B) {
 		calls, _ := pairedNewKeys(b, srv, benchPayload(100))
-		pairedParallel(b, srv, calls)
+		pairedParallel(b, srv, calls, 8)
+	})
+	// 64 goroutines on this 2-core machine: a busy service.
+	b.Run("NewKeyParallel64", func(b *testing.B) {
+		calls, _ := pairedNewKeys(b, srv, benchPayload(100))
+		pairedParallel(b, srv, calls, max(1, 64/runtime.GOMAXPROCS(0)))
 	})
 }
 
@@ -525,7 +530,7 @@ func pairedNewKeys(b *testing.B, srv benchServer, p []byte) (calls [2]func() err
 }
 
 // pairedParallel runs calls[0] (idem's) and calls[1] (the baseline's) from
-// 8 goroutines per CPU, in phases of pairedPhase: every goroutine makes the
+// perCPU goroutines per CPU, in phases of pairedPhase: every goroutine makes the
 // calls of the current phase, which alternates between the two. Slow
 // changes of the machine's load then weigh on both alike, as in
 // BenchmarkPaired; background work that one of them causes (garbage
@@ -536,7 +541,7 @@ func pairedNewKeys(b *testing.B, srv benchServer, p []byte) (calls [2]func() err
 // and of the server. A call under way when the phase changes counts for
 // its own phase. The connection pool is filled before, and runs start with
 // either side in turn.
-func pairedParallel(b *testing.B, srv benchServer, calls [2]func() error) {
+func pairedParallel(b *testing.B, srv benchServer, calls [2]func() error, perCPU int) {
 	var (
 		phase   atomic.Int32 // index into calls
 		n       [2]atomic.Int64
@@ -550,7 +555,7 @@ func pairedParallel(b *testing.B, srv benchServer, calls [2]func() error) {
 	// Fill the connection pool first, or the first phase would pay for
 	// dialling it; and start with each side in turn, run after run.
 	var warm sync.WaitGroup
-	for range 8 * runtime.GOMAXPROCS(0) {
+	for range perCPU * runtime.GOMAXPROCS(0) {
 		warm.Go(func() {
 			for _, call := range calls {
 				if err := call(); err != nil {
@@ -561,7 +566,7 @@ func pairedParallel(b *testing.B, srv benchServer, calls [2]func() error) {
 	}
 	warm.Wait()
 	phase.Store(int32(benchRuns.Add(1) % 2))
-	b.SetParallelism(8)
+	b.SetParallelism(perCPU)
 	b.ResetTimer()
 	go func() {
 		defer close(stopped)

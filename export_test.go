@@ -95,3 +95,11 @@ func HasFollower(c *Client, key string) bool {
 	fl := c.flights.m[key]
 	return fl != nil && fl.done != nil
 }
+
+// Queued is the number of script runs waiting for a pipeline in c's
+// batcher (not on a cluster).
+func Queued(c *Client) int {
+	c.scripts.one.mu.Lock()
+	defer c.scripts.one.mu.Unlock()
+	return len(c.scripts.one.queue)
+}

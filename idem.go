@@ -113,6 +113,7 @@ type Client struct {
 	mark string
 
 	hub      *hub
+	scripts  runner // runs the scripts that change records, concurrent calls' in shared pipelines
 	flights  flights
 	bounds   bounds // of recording an outcome, and of releasing a claim
 	renewals renewals
@@ -149,6 +150,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		mark: strconv.FormatInt(cfg.retention.Milliseconds()-cfg.lease.Milliseconds(), 10),
 	}
 	c.bounds.d = cfg.storeTimeout
+	c.scripts.init(rdb, cfg.pipelines, &c.bg)
 	c.renewals.c, c.renewals.every = c, cfg.lease/3
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"

@@ -25,6 +25,7 @@ type config struct {
 	logger        *slog.Logger
 	replicas      int           // WAIT for this many replicas after claims and outcomes; 0 = do not wait
 	replicaWait   time.Duration // WAIT's timeout
+	pipelines     int           // in flight at once (per master); 0 = every script alone
 	observers     []Observer
 	eventSecret   []byte // of Event.Key; nil: processSecret
 	rawEventKeys  bool
@@ -41,6 +42,7 @@ func defaultConfig() config {
 		storeTimeout:  10 * time.Second,
 		maxKeyLen:     512,
 		maxResultSize: 1 << 20,
+		pipelines:     defaultPipelines,
 		logger:        slog.New(defaultHandler{}),
 	}
 }
@@ -239,5 +241,26 @@ func WithReplicas(n int, timeout time.Duration) Option {
 			return
 		}
 		c.replicas, c.replicaWait = n, timeout
+	}
+}
+
+// WithPipelines sets how many pipelines of scripts the Client keeps in
+// flight at once (per master on a Redis Cluster). A call that finds fewer
+// in flight and none queued sends its script at once, as a plain EVALSHA;
+// otherwise it queues, and the next pipeline carries every queued call's
+// script (up to 256): concurrent calls share round trips, and the server
+// and the client spend less on each call. Each call keeps its own reply,
+// its own errors and its own context: a call whose context ends while it
+// waits returns then. 0 turns this off: every script goes alone, on a
+// pooled connection of its own, as go-redis sends it. With WithReplicas,
+// scripts go alone, each followed by its WAIT. n must not be negative.
+// The default is 2.
+func WithPipelines(n int) Option {
+	return func(c *config) {
+		if n < 0 {
+			c.problem("WithPipelines(%d): must not be negative", n)
+			return
+		}
+		c.pipelines = n
 	}
 }

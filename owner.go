@@ -14,7 +14,7 @@ import (
 // take over at once instead of after the lease.
 func (c *Client) release(ctx context.Context, keys []string, token string) {
 	dctx := c.bounds.detached(ctx)
-	err := releaseScript.Run(dctx, c.rdb, keys, token, c.publish).Err()
+	err := c.scripts.run(dctx, releaseScript, keys, []any{token, c.publish}).Err()
 	if err != nil {
 		c.cfg.logger.Warn("idem: could not release a claim; the key stays claimed until the lease ends",
 			"record", keys[0], "error", err)

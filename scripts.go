@@ -65,13 +65,14 @@ func (c *Client) claim(ctx context.Context, keys []string, fp string, first []by
 	return claimResult(v, fp, c.cfg.lease)
 }
 
-// write runs a script that changes a record. With WithReplicas, the script
-// and a WAIT go in one pipeline, on one connection to the record's primary,
+// write runs a script that changes a record: alone, or in one pipeline with
+// concurrent calls' scripts (see batch.go). With WithReplicas, the script
+// goes alone: it and a WAIT go in one pipeline, on one connection to the record's primary,
 // and a shortfall of replicas is an error wrapping ErrNotReplicated (the
 // script's reply is kept in the returned command all the same).
 func (c *Client) write(ctx context.Context, s script, keys []string, args ...any) *redis.Cmd {
 	if c.cfg.replicas == 0 {
-		return s.Run(ctx, c.rdb, keys, args...)
+		return c.scripts.run(ctx, s, keys, args)
 	}
 	var node redis.Cmdable = c.rdb
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {

@@ -151,9 +151,13 @@ func jitter(d time.Duration) time.Duration {
 
 // mayHaveRun reports whether a failed script call may still have run on the
 // server: its reply was lost, it timed out, or it was cancelled after it was
-// sent. It did not run when Redis answered with an error, or when no
-// connection could be made.
+// sent. It did not run when Redis answered with an error, when no
+// connection could be made, or when the call's context ended while it was
+// queued for a pipeline (see batcher).
 func mayHaveRun(err error) bool {
+	if notSent(err) {
+		return false
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}

@@ -1,0 +1,280 @@
+// batch.go: the scripts of concurrent calls share round trips: while a few
+// pipelines are in flight, calls queue, and a sender writes all that are
+// queued as one pipeline.
+
+package idem
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// runner runs the scripts of a Client that change records: through one
+// batcher, or on a Redis Cluster through one per master, so that a slow
+// or failed master holds up only the calls of its own keys.
+type runner struct {
+	rdb   redis.UniversalClient
+	max   int // pipelines in flight per batcher; 0: no batching
+	bg    *background
+	one   batcher
+	cc    *redis.ClusterClient // a cluster's client, else nil
+	nodes sync.Map             // on a cluster: *redis.Client of a master -> *batcher
+}
+
+func (r *runner) init(rdb redis.UniversalClient, max int, bg *background) {
+	r.rdb, r.max, r.bg = rdb, max, bg
+	r.one = batcher{rdb: rdb, max: max, bg: bg}
+	r.cc, _ = rdb.(*redis.ClusterClient)
+}
+
+// run runs s with keys and args.
+func (r *runner) run(ctx context.Context, s script, keys []string, args []any) *redis.Cmd {
+	if r.max == 0 {
+		return s.Run(ctx, r.rdb, keys, args...)
+	}
+	if r.cc == nil {
+		return r.one.run(ctx, s, keys, args)
+	}
+	node, err := r.cc.MasterForKey(ctx, keys[0])
+	if err != nil {
+		return s.Run(ctx, r.cc, keys, args...)
+	}
+	b, ok := r.nodes.Load(node)
+	if !ok {
+		b, _ = r.nodes.LoadOrStore(node, &batcher{rdb: node, max: r.max, bg: r.bg})
+	}
+	cmd := b.(*batcher).run(ctx, s, keys, args)
+	if ctx.Err() == nil && elsewhere(cmd.Err()) {
+		// The key moved (a reshard, a failover), or the node's client was
+		// closed: the script did not run there. The cluster's client
+		// follows the redirect.
+		return s.Run(ctx, r.cc, keys, args...)
+	}
+	return cmd
+}
+
+// elsewhere reports whether a master answered that a script did not run
+// there because its key is served by another node, or will be soon, or
+// whether the master's client was closed before sending it.
+func elsewhere(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, redis.ErrClosed) {
+		return true
+	}
+	for _, p := range [...]string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// batcher runs the scripts of a Client (of one master, on a cluster). A call that finds fewer than max
+// pipelines in flight and nobody queued sends at once, from its own
+// goroutine, as a plain script run: a lone call costs what an EVALSHA
+// costs, and its context bounds it as go-redis lets it. Otherwise it
+// queues, and a sender goroutine (at most max, each started when a queue
+// forms and ending when none is left) writes every queued call, up to
+// maxBatch, as one pipeline: a crowd shares round trips, and the server's
+// and the client's read and write system calls.
+//
+// A pipeline is one round trip for all its calls, but each call's script
+// and reply are its own: a script that fails, or NOSCRIPT, fails only its
+// call (the scripts the server had not cached are sent whole, in a second
+// pipeline). A pipeline whose reply is lost fails each of its calls as a
+// lost reply fails a single call, and every script is safe to repeat.
+//
+// A queued call returns when its context ends, whether its pipeline was
+// sent or not: unsent, with an error that says it did not run
+// (notSentError); sent, with its context's error, which mayHaveRun counts
+// as a reply that may be lost, as for a single call cut by its deadline.
+// The pipeline runs on without it.
+type batcher struct {
+	rdb redis.UniversalClient
+	max int         // pipelines (or plain runs) in flight at most
+	bg  *background // counts the senders, for Close
+
+	mu      sync.Mutex
+	senders int            // guarded by mu; pipelines (or plain runs) in flight
+	queue   []*batchedCall // guarded by mu; calls waiting for a sender
+}
+
+// batchedCall is one script run that waits in the queue.
+type batchedCall struct {
+	ctx  context.Context
+	s    script
+	keys []string
+	args []any
+	cmd  *redis.Cmd    // set by the sender before done receives
+	done chan struct{} // receives once the sender has set cmd
+}
+
+const (
+	// defaultPipelines is the number of pipelines in flight at once
+	// (WithPipelines).
+	defaultPipelines = 2
+	// maxBatch bounds the calls in one pipeline: the client writes a whole
+	// pipeline before it reads a reply.
+	maxBatch = 256
+)
+
+// notSentError is the error of a call whose context ended while it was
+// queued: its script was never sent, so it did not run.
+type notSentError struct{ err error }
+
+func (e notSentError) Error() string { return "not sent: " + e.err.Error() }
+func (e notSentError) Unwrap() error { return e.err }
+
+// run runs s with keys and args, alone or in a pipeline with other calls'.
+func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) *redis.Cmd {
+	b.mu.Lock()
+	if b.senders < b.max && len(b.queue) == 0 {
+		b.senders++
+		b.mu.Unlock()
+		cmd := s.Run(ctx, b.rdb, keys, args...)
+		b.mu.Lock()
+		if len(b.queue) > 0 {
+			// Calls queued meanwhile: hand this place to a sender.
+			b.startSender()
+		} else {
+			b.senders--
+		}
+		b.mu.Unlock()
+		return cmd
+	}
+	if err := ctx.Err(); err != nil {
+		b.mu.Unlock()
+		return errCmd(ctx, notSentError{err})
+	}
+	bc := &batchedCall{ctx: ctx, s: s, keys: keys, args: args, done: make(chan struct{}, 1)}
+	b.queue = append(b.queue, bc)
+	if b.senders < b.max {
+		b.senders++
+		b.startSender()
+	}
+	b.mu.Unlock()
+	select {
+	case <-bc.done:
+		return bc.cmd
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	for i, q := range b.queue {
+		if q == bc {
+			b.queue = append(b.queue[:i:i], b.queue[i+1:]...)
+			b.mu.Unlock()
+			return errCmd(ctx, notSentError{ctx.Err()})
+		}
+	}
+	b.mu.Unlock()
+	select {
+	case <-bc.done: // the reply came as the context ended: keep it
+		return bc.cmd
+	default:
+		return errCmd(ctx, ctx.Err())
+	}
+}
+
+// startSender starts a goroutine that sends what is queued, in the place
+// (one of max) its caller holds. b.mu is held.
+func (b *batcher) startSender() {
+	b.bg.Add()
+	go b.sender()
+}
+
+// sender sends the queue, batch after batch, until none is left; then it
+// gives its place up.
+func (b *batcher) sender() {
+	defer b.bg.Done()
+	for {
+		b.mu.Lock()
+		if len(b.queue) == 0 {
+			b.senders--
+			b.mu.Unlock()
+			return
+		}
+		n := min(len(b.queue), maxBatch)
+		batch := b.queue[:n:n]
+		if n == len(b.queue) {
+			b.queue = nil
+		} else {
+			b.queue = b.queue[n:]
+		}
+		b.mu.Unlock()
+		b.send(batch)
+	}
+}
+
+// send runs a batch: one call as a plain script run, more as one pipeline
+// of EVALSHAs (and the scripts the server had not cached, whole, in a
+// second one). It sets every call's cmd, then signals done.
+func (b *batcher) send(batch []*batchedCall) {
+	if len(batch) == 1 {
+		bc := batch[0]
+		bc.cmd = bc.s.Run(bc.ctx, b.rdb, bc.keys, bc.args...)
+		bc.done <- struct{}{}
+		return
+	}
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	pipe := b.rdb.Pipeline()
+	for _, bc := range batch {
+		bc.cmd = pipe.EvalSha(ctx, bc.s.Hash(), bc.keys, bc.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	var again redis.Pipeliner
+	for _, bc := range batch {
+		if redis.HasErrorPrefix(bc.cmd.Err(), "NOSCRIPT") {
+			if again == nil {
+				again = b.rdb.Pipeline()
+			}
+			bc.cmd = again.Eval(ctx, bc.s.src, bc.keys, bc.args...)
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
+	}
+	for _, bc := range batch {
+		bc.done <- struct{}{}
+	}
+}
+
+// batchContext is the context of a pipeline shared by the calls of batch:
+// no call's end cancels it (the others still wait for its reply), and when
+// every call has a deadline, it ends at the latest one, when nobody waits
+// any more (go-redis applies it to the connection's reads with
+// ContextTimeoutEnabled; else the client's timeouts bound the pipeline).
+// Its values are the first call's.
+func batchContext(batch []*batchedCall) (context.Context, context.CancelFunc) {
+	ctx := context.WithoutCancel(batch[0].ctx)
+	var last time.Time
+	for _, bc := range batch {
+		d, ok := bc.ctx.Deadline()
+		if !ok {
+			return ctx, func() {}
+		}
+		if d.After(last) {
+			last = d
+		}
+	}
+	return context.WithDeadline(ctx, last)
+}
+
+// errCmd returns a command that failed with err before it was sent.
+func errCmd(ctx context.Context, err error) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(err)
+	return cmd
+}
+
+// notSent reports whether err says that a script was never sent.
+func notSent(err error) bool {
+	var ns notSentError
+	return errors.As(err, &ns)
+}

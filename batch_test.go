@@ -1,0 +1,415 @@
+package idem_test
+
+// The batcher (batch.go): concurrent calls' scripts share pipelines, and
+// each call still behaves as it would alone: its own reply, its own
+// errors, its own context. The tests make a crowd deterministic with
+// WithPipelines(1) and a first call whose claim reply is held: while it
+// holds the only place, every other call queues, and the next pipeline
+// carries them all.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// pipeRecorder is a go-redis hook that records the pipelines a client
+// sends, as the names of their commands (see cmdName).
+type pipeRecorder struct {
+	mu    sync.Mutex
+	pipes [][]string // guarded by mu
+}
+
+func (r *pipeRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *pipeRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (r *pipeRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := make([]string, len(cmds))
+		for i, cmd := range cmds {
+			names[i] = cmdName(cmd)
+		}
+		r.mu.Lock()
+		r.pipes = append(r.pipes, names)
+		r.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// find returns how many pipelines sent exactly n commands named name
+// (among others: a call that queued while the pipeline was taken may have
+// joined it).
+func (r *pipeRecorder) find(name string, n int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	found := 0
+	for _, p := range r.pipes {
+		k := 0
+		for _, c := range p {
+			if c == name {
+				k++
+			}
+		}
+		if k == n {
+			found++
+		}
+	}
+	return found
+}
+
+func (r *pipeRecorder) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var sb strings.Builder
+	for _, p := range r.pipes {
+		counts := map[string]int{}
+		for _, c := range p {
+			counts[c]++
+		}
+		fmt.Fprintf(&sb, "%s ", formatCounts(counts))
+	}
+	return sb.String()
+}
+
+// crowd is a Client with one place for a pipeline, held by a first call
+// whose claim reply the injector holds for hold; calls started with queue
+// then wait in the batcher's queue for it.
+type crowd struct {
+	t    *testing.T
+	b    *backend
+	in   *faultconn.Injector
+	c    *idem.Client
+	rec  *pipeRecorder
+	ctr  *cmdCounter
+	l    ledger
+	done chan error // the first call's
+}
+
+// newCrowd starts the first call ("blocker") and returns once its claim
+// was written. rules act after the hold's rule, on the commands it does
+// not take.
+func newCrowd(t *testing.T, b *backend, hold time.Duration, ro func(*redis.Options), rules ...faultconn.Rule) *crowd {
+	t.Helper()
+	faultLoadScripts(t, b)
+	claim := faultConnScript(t, "claim")
+	cr := &crowd{t: t, b: b, rec: new(pipeRecorder), ctr: new(cmdCounter), done: make(chan error, 1)}
+	cr.in = faultconn.New(faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: hold})
+	for _, r := range rules {
+		cr.in.Add(r)
+	}
+	rdb := b.client(t, func(o *redis.Options) {
+		o.Dialer = cr.in.Dialer(b.addr)
+		o.MinRetryBackoff = time.Millisecond
+		o.MaxRetryBackoff = 2 * time.Millisecond
+		o.ReadTimeout = 3*hold + 10*time.Second
+		if ro != nil {
+			ro(o)
+		}
+	})
+	rdb.AddHook(cr.ctr)
+	rdb.AddHook(cr.rec)
+	cr.c = idem.New(rdb, idem.WithPipelines(1))
+	t.Cleanup(func() { _ = cr.c.Close() })
+	go func() {
+		_, err := cr.c.Do(context.Background(), "blocker", "fp", cr.l.fn("blocker"))
+		cr.done <- err
+	}()
+	eventually(t, 10*time.Second, "the blocker's claim written", func() bool { return cr.in.Hits() >= 1 })
+	return cr
+}
+
+// queue starts Do for each key (with ctxs[i], or a background context)
+// and returns once all of them wait in the batcher's queue; each call's
+// result, or error, arrives on its channel.
+func (cr *crowd) queue(keys []string, ctxs ...context.Context) []chan callResult {
+	cr.t.Helper()
+	out := make([]chan callResult, len(keys))
+	for i, key := range keys {
+		ctx := context.Background()
+		if i < len(ctxs) && ctxs[i] != nil {
+			ctx = ctxs[i]
+		}
+		out[i] = make(chan callResult, 1)
+		go func() {
+			res, err := cr.c.Do(ctx, key, "fp", cr.l.fn("r-"+key))
+			out[i] <- callResult{string(res), err}
+		}()
+	}
+	eventually(cr.t, 10*time.Second, fmt.Sprintf("%d calls queued", len(keys)), func() bool {
+		return idem.Queued(cr.c) == len(keys)
+	})
+	return out
+}
+
+// blocker waits for the first call's end.
+func (cr *crowd) blocker() {
+	cr.t.Helper()
+	select {
+	case err := <-cr.done:
+		if err != nil {
+			cr.t.Fatalf("the blocker: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		cr.t.Fatal("the blocker did not return")
+	}
+}
+
+type callResult struct {
+	res string
+	err error
+}
+
+func crowdKeys(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s-%02d", prefix, i)
+	}
+	return keys
+}
+
+// The queued claims go as one pipeline (one round trip for all), and every
+// call gets its own key's result.
+func TestQueuedCallsShareOnePipeline(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		cr := newCrowd(t, b, 500*time.Millisecond, nil)
+		keys := crowdKeys("k", 40)
+		results := cr.queue(keys)
+		cr.blocker()
+		for i, key := range keys {
+			r := <-results[i]
+			if want := "r-" + key + "#1"; r.err != nil || r.res != want {
+				t.Errorf("key %q: got %q, %v; want %q", key, r.res, r.err, want)
+			}
+			faultRuns(t, &cr.l, key, "[1]")
+		}
+		if n := cr.rec.find("evalsha claim", len(keys)); n != 1 {
+			t.Errorf("want one pipeline of the %d queued claims; sent %v", len(keys), cr.rec)
+		}
+		got := cr.ctr.snapshot().withoutHandshakes()
+		want := map[string]int{"evalsha claim": 41, "evalsha complete": 41, "config get": 1}
+		for name, n := range want {
+			if got.cmds[name] != n {
+				t.Errorf("sent %v; want %s", got, formatCounts(want))
+				break
+			}
+		}
+		t.Logf("%v; pipelines %v", got, cr.rec)
+		if got.trips >= 82 {
+			t.Errorf("%d round trips for 41 new keys: the scripts did not share pipelines", got.trips)
+		}
+	})
+}
+
+// A pipeline whose reply is lost part way: every call fails as a single
+// call with a lost reply fails, and the claims that ran are given back:
+// go-redis reports the pipeline's error on each command that had no error
+// of its own, those whose replies came before the loss included, so they
+// too count as unknown. The commands after the loss never reached Redis.
+// With go-redis's retries, the pipeline is sent again and every call gets
+// its own outcome, fn running once.
+func TestPipelineReplyLost(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	claim := faultConnScript(t, "claim")
+	t.Run("no retries", func(t *testing.T) {
+		// The 11th claim overall is the 10th of the pipeline.
+		cr := newCrowd(t, b, 500*time.Millisecond, noRetry,
+			faultconn.Rule{Match: claim, Nth: 10, Action: faultconn.DropReply})
+		keys := crowdKeys("lost", 30)
+		results := cr.queue(keys)
+		cr.blocker()
+		var ok, released, absent []string
+		for i, key := range keys {
+			r := <-results[i]
+			if r.err == nil {
+				if want := "r-" + key + "#1"; r.res != want {
+					t.Errorf("key %q: got %q, want %q", key, r.res, want)
+				}
+				faultRuns(t, &cr.l, key, "[1]")
+				ok = append(ok, key)
+				continue
+			}
+			if !errors.Is(r.err, io.EOF) || !strings.Contains(r.err.Error(), "claim") {
+				t.Errorf("key %q: got %v, want the claim's io.EOF", key, r.err)
+			}
+			faultRuns(t, &cr.l, key, "[]")
+			eventually(t, 5*time.Second, "a lost claim given back", func() bool {
+				st := faultStatus(t, b, key).State
+				return st == idem.StateReleased || st == idem.StateAbsent
+			})
+			if faultStatus(t, b, key).State == idem.StateReleased {
+				released = append(released, key)
+			} else {
+				absent = append(absent, key)
+			}
+		}
+		t.Logf("pipelines: %v", cr.rec)
+		if len(ok) != 0 || len(released) != 10 || len(absent) != 20 {
+			t.Fatalf("%d calls succeeded, %d claims ran and were given back, %d never ran; want 0, 10, 20", len(ok), len(released), len(absent))
+		}
+		// Each failed key is free: the next call runs fn at once.
+		next := b.idem(t, idem.WithWait(0))
+		for _, key := range append(released, absent...) {
+			want := "next#1"
+			if faultStatus(t, b, key).State == idem.StateReleased {
+				want = "next#2"
+			}
+			res, err := next.Do(context.Background(), key, "fp", cr.l.fn("next"))
+			if err != nil || string(res) != want {
+				t.Errorf("key %q, the next call: got %q, %v; want %q", key, res, err, want)
+			}
+		}
+	})
+	t.Run("retries", func(t *testing.T) {
+		cr := newCrowd(t, b, 500*time.Millisecond, nil,
+			faultconn.Rule{Match: claim, Nth: 10, Action: faultconn.DropReply})
+		keys := crowdKeys("retried", 30)
+		results := cr.queue(keys)
+		cr.blocker()
+		for i, key := range keys {
+			r := <-results[i]
+			if want := "r-" + key + "#1"; r.err != nil || r.res != want {
+				t.Errorf("key %q: got %q, %v; want %q", key, r.res, r.err, want)
+			}
+			faultRuns(t, &cr.l, key, "[1]")
+		}
+		if cr.in.Hits() < 2 {
+			t.Fatalf("the reply was not dropped (%d hits)", cr.in.Hits())
+		}
+	})
+}
+
+// A queued call whose context ends returns then, while the pipeline's
+// place is still held: unsent, its claim never ran, and nothing is given
+// back for it.
+func TestQueuedCallLeavesAtItsContext(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		cr := newCrowd(t, b, 5*time.Second, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		t0 := time.Now()
+		results := cr.queue([]string{"leaver", "stayer"}, ctx)
+		r := <-results[0]
+		if d := time.Since(t0); d > 4*time.Second {
+			t.Errorf("the call returned after %v: it waited for the held pipeline", d)
+		}
+		if !errors.Is(r.err, context.DeadlineExceeded) || !strings.Contains(r.err.Error(), "claim") {
+			t.Errorf("got %q, %v; want the claim's context.DeadlineExceeded", r.res, r.err)
+		}
+		cr.blocker()
+		if r := <-results[1]; r.err != nil || r.res != "r-stayer#1" {
+			t.Errorf("the other queued call: got %q, %v", r.res, r.err)
+		}
+		faultRuns(t, &cr.l, "leaver", "[]")
+		faultWantStatus(t, b, "leaver", idem.StateAbsent, 0)
+		if n := cr.ctr.snapshot().cmds["evalsha release"]; n != 0 {
+			t.Errorf("%d releases sent for a claim that was never sent", n)
+		}
+	})
+}
+
+// A call whose claim went out in a pipeline whose reply is held returns at
+// its context's end, not the pipeline's: its claim may have run, so it is
+// given back, and fn does not run; the other calls of the pipeline get
+// their replies when they come.
+func TestPipelinedCallLeavesAtItsContext(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		claim := faultConnScript(t, "claim")
+		// The second claim overall is the pipeline's first: holding its
+		// reply holds the pipeline's.
+		cr := newCrowd(t, b, time.Second, nil,
+			faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: 5 * time.Second})
+		ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+		defer cancel()
+		t0 := time.Now()
+		results := cr.queue([]string{"leaver", "a", "b"}, ctx)
+		r := <-results[0]
+		if d := time.Since(t0); d > 4500*time.Millisecond {
+			t.Errorf("the call returned after %v: it waited for the pipeline's reply", d)
+		}
+		if !errors.Is(r.err, context.DeadlineExceeded) || !strings.Contains(r.err.Error(), "claim") {
+			t.Errorf("got %q, %v; want the claim's context.DeadlineExceeded", r.res, r.err)
+		}
+		cr.blocker()
+		for i, key := range []string{"a", "b"} {
+			if r := <-results[i+1]; r.err != nil || r.res != "r-"+key+"#1" {
+				t.Errorf("key %q: got %q, %v", key, r.res, r.err)
+			}
+		}
+		eventually(t, 10*time.Second, "the claim given back", func() bool {
+			return faultStatus(t, b, "leaver").State == idem.StateReleased
+		})
+		faultRuns(t, &cr.l, "leaver", "[]")
+		faultWantStatus(t, b, "leaver", idem.StateReleased, 1)
+	})
+}
+
+// Scripts flushed from the server's cache: the queued calls' EVALSHAs
+// answer NOSCRIPT in one pipeline and go again, whole, in a second one.
+func TestPipelineAfterScriptFlush(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		cr := newCrowd(t, b, 500*time.Millisecond, nil)
+		keys := crowdKeys("flushed", 20)
+		results := cr.queue(keys)
+		b.do(t, "SCRIPT", "FLUSH")
+		cr.blocker()
+		for i, key := range keys {
+			if r := <-results[i]; r.err != nil || r.res != "r-"+key+"#1" {
+				t.Errorf("key %q: got %q, %v", key, r.res, r.err)
+			}
+		}
+		if cr.rec.find("evalsha claim", len(keys)) != 1 || cr.rec.find("eval claim", len(keys)) != 1 {
+			t.Errorf("want a pipeline of %d EVALSHA claims, then one of %d EVAL claims; sent %v", len(keys), len(keys), cr.rec)
+		}
+	})
+}
+
+// 200 goroutines on 50 keys through two Clients (two instances of a
+// service), pipelines on: one fn per key, never two live owners, and every
+// caller gets its own key's result.
+func TestCrowdOnFewKeys(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const callers, keys = 200, 50
+		cs := [2]*idem.Client{b.idem(t), b.idem(t)}
+		var (
+			l     ledger
+			o     owners
+			wg    sync.WaitGroup
+			wrong atomic.Int64
+		)
+		start := make(chan struct{})
+		for i := range callers {
+			key := fmt.Sprintf("few-%02d", i%keys)
+			wg.Go(func() {
+				<-start
+				res, err := cs[i%2].Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
+					defer o.enter(ctx)()
+					l.add(ctx)
+					time.Sleep(time.Millisecond)
+					return []byte("result of " + key), nil
+				})
+				if err != nil || string(res) != "result of "+key {
+					wrong.Add(1)
+					t.Errorf("caller %d, key %q: got %q, %v", i, key, res, err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		o.check(t)
+		for k := range keys {
+			faultRuns(t, &l, fmt.Sprintf("few-%02d", k), "[1]")
+		}
+	})
+}

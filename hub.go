@@ -8,6 +8,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,8 +30,13 @@ type hub struct {
 	disabled bool                     // guarded by mu; tests: no pub/sub, polling only
 	groups   map[string]*redis.PubSub // guarded by mu; by master address ("" outside a cluster)
 	chans    map[string]*channelState // guarded by mu; by channel
+	// leaving holds channels whose last waiter left, for unsubscribe to
+	// unsubscribe them (if no waiter came back meanwhile); unsubscribing
+	// says it runs.
+	leaving       []string // guarded by mu
+	unsubscribing bool     // guarded by mu
 
-	wg sync.WaitGroup // the groups' reader (and, in a cluster, pinger) goroutines
+	wg sync.WaitGroup // the groups' reader (and, in a cluster, pinger) goroutines, and unsubscribe
 
 	// io orders the subscriber connections' writes. It is taken while h.mu
 	// is held, then h.mu is released, so writes go out in the order the
@@ -55,6 +61,9 @@ type watcher struct {
 	h   *hub
 	ch  string
 	sig chan struct{}
+	// note is the last notification that came for the channel: a waiter
+	// reads it when sig wakes it (see notified).
+	note atomic.Pointer[string]
 }
 
 func newHub(rdb redis.UniversalClient) *hub {
@@ -148,10 +157,10 @@ func (h *hub) start(ps *redis.PubSub) {
 		for m := range msgs {
 			switch m := m.(type) {
 			case *redis.Message:
-				h.notify(m.Channel, false)
+				h.notify(m.Channel, false, m.Payload)
 			case *redis.Subscription:
 				if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
-					h.notify(m.Channel, true)
+					h.notify(m.Channel, true, "")
 				}
 			}
 		}
@@ -209,10 +218,10 @@ func (h *hub) readShard(ps *redis.PubSub, alive chan<- struct{}) {
 		}
 		switch m := m.(type) {
 		case *redis.Message:
-			h.notify(m.Channel, false)
+			h.notify(m.Channel, false, m.Payload)
 		case *redis.Subscription:
 			if m.Kind == "ssubscribe" {
-				h.notify(m.Channel, true)
+				h.notify(m.Channel, true, "")
 			}
 		}
 	}
@@ -281,7 +290,9 @@ func (h *hub) pause(d time.Duration) bool {
 	}
 }
 
-func (h *hub) notify(ch string, confirmed bool) {
+// notify wakes the waiters of channel ch: for a confirmed subscription,
+// or a notification whose message is msg.
+func (h *hub) notify(ch string, confirmed bool, msg string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	cs, ok := h.chans[ch]
@@ -292,6 +303,9 @@ func (h *hub) notify(ch string, confirmed bool) {
 		cs.confirmed = true
 	}
 	for w := range cs.waiters {
+		if len(msg) > 1 {
+			w.note.Store(&msg)
+		}
 		w.notify()
 	}
 }
@@ -303,31 +317,71 @@ func (w *watcher) notify() {
 	}
 }
 
+// stop ends the watcher's interest in its channel. The channel's last
+// waiter leaves it to unsubscribe, in the background: a waiter returns
+// without waiting for the write, and the waiters that a crowd of owners'
+// outcomes wakes at once do not line up behind each other's writes.
 func (w *watcher) stop() {
 	h := w.h
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	cs, ok := h.chans[w.ch]
-	if ok {
-		delete(cs.waiters, w)
-	}
-	if !ok || len(cs.waiters) > 0 || h.closed {
-		if ok && len(cs.waiters) == 0 {
-			delete(h.chans, w.ch)
-		}
-		h.mu.Unlock()
+	if !ok {
 		return
 	}
-	delete(h.chans, w.ch)
-	h.io.Lock()
-	h.mu.Unlock()
-	defer h.io.Unlock()
+	delete(cs.waiters, w)
+	switch {
+	case len(cs.waiters) > 0:
+	case h.closed:
+		delete(h.chans, w.ch)
+	default:
+		h.leaving = append(h.leaving, w.ch)
+		if !h.unsubscribing {
+			h.unsubscribing = true
+			h.wg.Add(1)
+			go h.unsubscribe()
+		}
+	}
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if h.cluster != nil {
-		_ = cs.group.SUnsubscribe(ctx, w.ch)
-	} else {
-		_ = cs.group.Unsubscribe(ctx, w.ch)
+// unsubscribe unsubscribes the channels that their last waiters left and
+// no waiter came back to, many in one UNSUBSCRIBE where it can (in a
+// cluster, SUNSUBSCRIBE takes the channels of one slot: one each), until
+// none is left. A channel is dropped from h.chans before its unsubscribe
+// goes out, in h.io's order: a waiter that comes for it then subscribes it
+// anew, after the unsubscribe.
+func (h *hub) unsubscribe() {
+	defer h.wg.Done()
+	for {
+		h.mu.Lock()
+		if h.closed || len(h.leaving) == 0 {
+			h.unsubscribing = false
+			h.leaving = nil
+			h.mu.Unlock()
+			return
+		}
+		groups := make(map[*redis.PubSub][]string)
+		for _, ch := range h.leaving {
+			if cs, ok := h.chans[ch]; ok && len(cs.waiters) == 0 {
+				delete(h.chans, ch)
+				groups[cs.group] = append(groups[cs.group], ch)
+			}
+		}
+		h.leaving = nil
+		h.io.Lock()
+		h.mu.Unlock()
+		for ps, chans := range groups {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			if h.cluster != nil {
+				for _, ch := range chans {
+					_ = ps.SUnsubscribe(ctx, ch)
+				}
+			} else {
+				_ = ps.Unsubscribe(ctx, chans...)
+			}
+			cancel()
+		}
+		h.io.Unlock()
 	}
 }
 

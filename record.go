@@ -19,6 +19,7 @@ type claimReply struct {
 	n         int64         // attempt number ('c', 'b')
 	leaseLeft time.Duration // ('c', 'b')
 	payload   string        // result ('d'), message ('f'), reason ('v')
+	owner     string        // the owner's token ('b'; "" from scripts before it was sent)
 }
 
 // claimRecord builds the record of a claim (see lua/record.lua): attempt n
@@ -117,6 +118,27 @@ func readFinished(s, fp string) claimReply {
 	return claimReply{kind: s[1], payload: s[nStart+colon+1:]}
 }
 
+// notified reads a notification that complete.lua published (see there)
+// to a waiter with fingerprint digest fp that saw the key busy with
+// owner's attempt: the outcome it carries ('d' or 'f', as readFinished
+// reads it) when it is a finished record of owner's attempt, else
+// ok=false: the waiter claims again.
+func notified(msg, fp, owner string) (r claimReply, ok bool) {
+	if owner == "" || len(msg) < 4 || msg[0] != '1' {
+		return claimReply{}, false
+	}
+	fpEnd := 3 + int(msg[2])
+	if fpEnd >= len(msg) {
+		return claimReply{}, false
+	}
+	ownEnd := fpEnd + 1 + int(msg[fpEnd])
+	if ownEnd > len(msg) || msg[fpEnd+1:ownEnd] != owner {
+		return claimReply{}, false
+	}
+	r = readFinished(msg, fp)
+	return r, r.kind == 'd' || r.kind == 'f'
+}
+
 // parseClaim reads the array replies of lua/claim.lua: claimed before
 // ('c'), busy ('b'), or a record this version does not understand ('v').
 func parseClaim(v []any) (claimReply, error) {
@@ -133,6 +155,13 @@ func parseClaim(v []any) (claimReply, error) {
 	r := claimReply{kind: kind[0]}
 	switch r.kind {
 	case 'c', 'b':
+		if len(v) == 4 && r.kind == 'b' {
+			owner, ok := v[3].(string)
+			if !ok || owner == "" {
+				return bad()
+			}
+			r.owner, v = owner, v[:3]
+		}
 		if len(v) != 3 {
 			return bad()
 		}

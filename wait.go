@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,8 +21,9 @@ const defaultFirstPoll = 25 * time.Millisecond
 // run is one caller's way through the key: claim, and while another owner
 // holds the key, wait and claim again, until it gets an outcome, becomes the
 // owner, or its budget ends: its context, and until, the end of its wait
-// (WithWait). The wait loop is the claim loop: pub/sub only says when to
-// claim again. retry reports an outcome that in-process followers must not
+// (WithWait). The wait loop is the claim loop: pub/sub says when to claim
+// again, or carries the outcome of the owner the caller waits for (see
+// notified), as a claim would read it from the record. retry reports an outcome that in-process followers must not
 // share (see flights).
 //
 // Model: steps Claim, ClaimReply and RenewBeforeFn of process Caller in
@@ -32,7 +34,9 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 	first := c.claimRecord(fp, token, 1) // what a claim of a new key writes
 	var (
 		w     *watcher
-		seen  int64 // the attempt number last seen in progress
+		seen  int64       // the attempt number last seen in progress
+		owner string      // the token of its owner
+		woken *claimReply // an outcome that the owner's notification carried
 		pause = c.firstPoll
 		timer *time.Timer
 	)
@@ -46,7 +50,15 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 	}()
 	for {
 		sent := mono()
-		r, err := c.claim(ctx, keys, fp, first)
+		var r claimReply
+		var err error
+		if woken != nil {
+			// The owner's notification carried its outcome: the record
+			// holds it as a claim would find it.
+			r, woken = *woken, nil
+		} else {
+			r, err = c.claim(ctx, keys, fp, first)
+		}
 		if err != nil {
 			if mayHaveRun(err) || errors.Is(err, ErrNotReplicated) {
 				// The claim may have happened with its reply lost: give it
@@ -117,7 +129,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			return nil, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, r.payload), false
 		}
 		// 'b': another owner holds a live lease.
-		seen = r.n
+		seen, owner = r.n, r.owner
 		now := time.Now()
 		if c.cfg.wait <= 0 || !now.Before(until) {
 			// Followers with budgets of their own try again themselves.
@@ -135,6 +147,15 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 		}
 		select {
 		case <-w.sig:
+			if msg := w.note.Swap(nil); msg != nil {
+				if r, ok := notified(*msg, fp, owner); ok {
+					// Its own copy: the message is shared by every waiter
+					// of the channel, and a result is the caller's to
+					// change (see replyBytes).
+					r.payload = strings.Clone(r.payload)
+					woken = &r
+				}
+			}
 		case <-timer.C:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, r.n, ctx.Err()), true

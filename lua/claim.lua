@@ -23,7 +23,11 @@
 --                          fingerprint and cuts the outcome out. Nothing
 --                          changes then, so the check need not be atomic,
 --                          and Lua neither parses nor copies the record.
---   {"b", leaseLeftMs, n}  busy: another caller holds a live lease on attempt n.
+--   {"b", leaseLeftMs, n, owner}
+--                          busy: another caller, whose token is owner,
+--                          holds a live lease on attempt n. A waiter trusts
+--                          an outcome that a notification carries only
+--                          when it is that owner's (see complete.lua).
 --   0                      conflict: the stored fingerprint differs.
 --   {"v", reason}          the record is not one this version understands.
 --
@@ -65,7 +69,7 @@ if st == 'p' then
     return {'c', n, math.max(left, 0)}
   end
   if left > 0 then
-    return {'b', left, n}
+    return {'b', left, n, own}
   end
 end
 

@@ -14,6 +14,12 @@
 -- ARGV[3]  retention in milliseconds (the record's TTL from now on)
 -- ARGV[4]  the publish command, "PUBLISH" or "SPUBLISH"; "" publishes nothing
 --
+-- The notification is the finished record itself when it is at most 4096
+-- bytes (the outcome, its fingerprint, owner and attempt: a waiter of that
+-- owner's attempt returns it without asking Redis again), else "d" or "f"
+-- (a waiter claims again to read it). Either way the record is stored
+-- first: a notification is never the only copy of an outcome.
+--
 -- Returns 1 when the outcome is stored (a repeat with the same token after a
 -- success is a no-op that also returns 1), and 0 when the caller no longer
 -- owns the record: another caller took over, it was released, or it is gone.
@@ -55,6 +61,6 @@ if s ~= ARGV[1] then
 end
 redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
 if ARGV[4] ~= '' then
-  redis.call(ARGV[4], KEYS[2], done)
+  redis.call(ARGV[4], KEYS[2], #rec <= 4096 and rec or done)
 end
 return 1

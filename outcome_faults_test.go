@@ -363,7 +363,7 @@ func TestPanicWakesWaiters(t *testing.T) {
 
 // Row 17, literally: a 10 MiB result against a 1 MiB cap. It is stored as a
 // permanent failure (never run again); the 10 MiB never reach Redis, and
-// the notification is a one-byte state.
+// the notification carries the small failure record, not the result.
 func TestHugeResult(t *testing.T) {
 	b := newRedis(t, redistest.Config{})
 	c := b.idem(t, idem.WithMaxResultSize(1<<20))
@@ -388,8 +388,8 @@ func TestHugeResult(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no notification: %v", err)
 	}
-	if msg, ok := m.(*redis.Message); !ok || len(msg.Payload) > 16 {
-		t.Fatalf("notification %T %.100v, want a message of a few bytes", m, m)
+	if msg, ok := m.(*redis.Message); !ok || len(msg.Payload) > 4096 || !strings.Contains(msg.Payload, "10485760 bytes") {
+		t.Fatalf("notification %T %.100v, want the failure record, at most 4096 bytes", m, m)
 	}
 	if in := faultInfo(t, b, "stats", "total_net_input_bytes") - in0; in > 64<<10 {
 		t.Fatalf("Redis received %d bytes for the call: the result was sent", in)

@@ -157,7 +157,7 @@ func parseClaim(v []any) (claimReply, error) {
 	case 'c', 'b':
 		if len(v) == 4 && r.kind == 'b' {
 			owner, ok := v[3].(string)
-			if !ok || owner == "" {
+			if !ok {
 				return bad()
 			}
 			r.owner, v = owner, v[:3]

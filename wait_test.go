@@ -417,3 +417,46 @@ func TestManyWaitersShareOneSubscriber(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "all unsubscribed", func() bool { return idem.Subscribed(waiter) == 0 })
 }
+
+// A waiter trusts an outcome in a notification only from the owner it saw
+// busy: a finished record of another owner's attempt on the key's channel
+// (a stale one, or anyone's PUBLISH) only makes it claim again, and it
+// goes on waiting until its owner's own outcome comes.
+func TestNotificationOutcomeOnlyFromTheOwner(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		owner := b.idem(t)
+		waiter, wc := countedIdem(t, b.client(t), idem.WithWait(time.Minute))
+		idem.NoPolling(waiter)
+		var l ledger
+		finish, done := startOwner(t, owner, "k", &l)
+		w0 := wc.snapshot()
+		out := waitFor(waiter, "k", &l)
+		awaitSubscribed(t, waiter)
+		eventually(t, 10*time.Second, "the waiter's claim after its subscription", func() bool {
+			return wc.snapshot().since(w0).cmds["evalsha claim"] >= 2
+		})
+		// A finished record as complete.lua publishes it, of attempt 1 by
+		// another owner (its token is 16 bytes, as newToken's are).
+		forged := "1d\x00\x10" + strings.Repeat("o", 16) + "1:forged"
+		b.do(t, "PUBLISH", idem.ChannelKey(waiter, "k"), forged)
+		eventually(t, 10*time.Second, "the waiter's claim after the forged notification", func() bool {
+			return wc.snapshot().since(w0).cmds["evalsha claim"] >= 3
+		})
+		select {
+		case got := <-out:
+			t.Fatalf("the waiter returned %v on another owner's notification", got)
+		case <-time.After(300 * time.Millisecond):
+		}
+		finish("real", nil)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got := <-out; got[1] != nil || got[0] != "real" {
+			t.Fatalf("waiter: got %v, want the owner's result", got)
+		}
+		faultRuns(t, &l, "k", "[1]")
+		if n := wc.snapshot().since(w0).cmds["evalsha claim"]; n != 3 {
+			t.Errorf("the waiter claimed %d times; want 3 (busy, after the subscription, after the forged notification): its owner's notification carries the outcome", n)
+		}
+	})
+}

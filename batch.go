@@ -118,7 +118,7 @@ type batchedCall struct {
 const (
 	// defaultPipelines is the number of pipelines in flight at once
 	// (WithPipelines).
-	defaultPipelines = 2
+	defaultPipelines = 4
 	// maxBatch bounds the calls in one pipeline: the client writes a whole
 	// pipeline before it reads a reply.
 	maxBatch = 256

@@ -72,6 +72,12 @@
 // policy when it can and warns through WithLogger; Check checks all of it,
 // for start-up and readiness probes.
 //
+// A lone call sends each script as one EVALSHA. Concurrent calls' scripts
+// share pipelines (WithPipelines), each call keeping its own reply, errors
+// and context; and a waiter woken by its owner's notification takes a
+// small outcome from the notification itself, which follows the stored
+// record, instead of claiming again.
+//
 // # Seeing it run
 //
 // WithObserver receives an Event for every call's outcome (executed,

@@ -254,7 +254,7 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // waits returns then. 0 turns this off: every script goes alone, on a
 // pooled connection of its own, as go-redis sends it. With WithReplicas,
 // scripts go alone, each followed by its WAIT. n must not be negative.
-// The default is 2.
+// The default is 4.
 func WithPipelines(n int) Option {
 	return func(c *config) {
 		if n < 0 {

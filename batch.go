@@ -152,7 +152,11 @@ func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) 
 		b.mu.Unlock()
 		return errCmd(ctx, notSentError{err})
 	}
-	bc := &batchedCall{ctx: ctx, s: s, keys: keys, args: args, done: make(chan struct{}, 1)}
+	bc, _ := batchedCalls.Get().(*batchedCall)
+	if bc == nil {
+		bc = &batchedCall{done: make(chan struct{}, 1)}
+	}
+	bc.ctx, bc.s, bc.keys, bc.args = ctx, s, keys, args
 	b.queue = append(b.queue, bc)
 	if b.senders < b.max {
 		b.senders++
@@ -161,7 +165,7 @@ func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) 
 	b.mu.Unlock()
 	select {
 	case <-bc.done:
-		return bc.cmd
+		return bc.recycle()
 	case <-ctx.Done():
 	}
 	b.mu.Lock()
@@ -169,16 +173,32 @@ func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) 
 		if q == bc {
 			b.queue = append(b.queue[:i:i], b.queue[i+1:]...)
 			b.mu.Unlock()
+			bc.recycle()
 			return errCmd(ctx, notSentError{ctx.Err()})
 		}
 	}
 	b.mu.Unlock()
 	select {
 	case <-bc.done: // the reply came as the context ended: keep it
-		return bc.cmd
+		return bc.recycle()
 	default:
+		// The sender will still set cmd and signal done: bc is left to
+		// the garbage collector.
 		return errCmd(ctx, ctx.Err())
 	}
+}
+
+// batchedCalls recycles batchedCalls (with their done channels) whose
+// sender is done with them.
+var batchedCalls sync.Pool
+
+// recycle returns bc's command and puts bc back in batchedCalls: the sender
+// has signalled done, its last use of bc, or bc was never sent.
+func (bc *batchedCall) recycle() *redis.Cmd {
+	cmd := bc.cmd
+	*bc = batchedCall{done: bc.done}
+	batchedCalls.Put(bc)
+	return cmd
 }
 
 // startSender starts a goroutine that sends what is queued, in the place

@@ -425,7 +425,10 @@ func TestManyWaitersShareOneSubscriber(t *testing.T) {
 func TestNotificationOutcomeOnlyFromTheOwner(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		owner := b.idem(t)
-		waiter, wc := countedIdem(t, b.client(t), idem.WithWait(time.Minute))
+		// No polling: the first poll an hour away (NoPolling), and the
+		// later ones too (a wait after the first backs off to the poll
+		// interval).
+		waiter, wc := countedIdem(t, b.client(t), idem.WithWait(time.Minute), idem.WithPollInterval(time.Hour))
 		idem.NoPolling(waiter)
 		var l ledger
 		finish, done := startOwner(t, owner, "k", &l)

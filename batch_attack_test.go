@@ -8,8 +8,11 @@ package idem_test
 // pipelines.
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +23,7 @@ import (
 	"github.com/idem-go/idem/internal/faultconn"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 // gate is a go-redis hook that holds, before they are written, the single
@@ -108,6 +112,7 @@ type pinned struct {
 	c   *idem.Client
 	g   *gate
 	ctr *cmdCounter
+	rec *pipeRecorder
 	l   ledger
 	ab  [2]chan callResult
 }
@@ -115,7 +120,7 @@ type pinned struct {
 func newPinned(t *testing.T, b *backend, pipe func([]redis.Cmder) bool, ro func(*redis.Options), opts ...idem.Option) *pinned {
 	t.Helper()
 	faultLoadScripts(t, b)
-	p := &pinned{ctr: new(cmdCounter)}
+	p := &pinned{ctr: new(cmdCounter), rec: new(pipeRecorder)}
 	rkA, rkB := recordKey(t, b, "a"), recordKey(t, b, "b")
 	p.g = newGate(t, func(cmd redis.Cmder) bool {
 		return isScriptOn(cmd, "claim", rkA) || isScriptOn(cmd, "claim", rkB)
@@ -128,6 +133,7 @@ func newPinned(t *testing.T, b *backend, pipe func([]redis.Cmder) bool, ro func(
 		}
 	})
 	rdb.AddHook(p.ctr)
+	rdb.AddHook(p.rec)
 	rdb.AddHook(p.g)
 	p.c = idem.New(rdb, append([]idem.Option{idem.WithPipelines(2)}, opts...)...)
 	t.Cleanup(func() { _ = p.c.Close() })
@@ -153,20 +159,45 @@ func recordKey(t *testing.T, b *backend, key string) string {
 // queue, in the order of keys.
 func (p *pinned) queue(t *testing.T, keys []string, ctxs ...context.Context) []chan callResult {
 	t.Helper()
-	out := make([]chan callResult, len(keys))
+	calls := make([]call, len(keys))
 	for i, key := range keys {
-		ctx := context.Background()
-		if i < len(ctxs) && ctxs[i] != nil {
-			ctx = ctxs[i]
+		calls[i] = call{key: key, fp: "fp", fn: p.l.fn("r-" + key)}
+		if i < len(ctxs) {
+			calls[i].ctx = ctxs[i]
+		}
+	}
+	return p.queueCalls(t, calls, true)
+}
+
+// call is one Do to queue: with ctx (nil: a background context), key,
+// fingerprint fp and fn.
+type call struct {
+	ctx     context.Context
+	key, fp string
+	fn      func(context.Context) ([]byte, error)
+}
+
+// queueCalls starts the calls and returns once all of them wait in the
+// batcher's queue; in order, they start one after the other.
+func (p *pinned) queueCalls(t *testing.T, calls []call, inOrder bool) []chan callResult {
+	t.Helper()
+	out := make([]chan callResult, len(calls))
+	for i, cl := range calls {
+		ctx := cl.ctx
+		if ctx == nil {
+			ctx = context.Background()
 		}
 		out[i] = make(chan callResult, 1)
 		go func() {
-			res, err := p.c.Do(ctx, key, "fp", p.l.fn("r-"+key))
+			res, err := p.c.Do(ctx, cl.key, cl.fp, cl.fn)
 			out[i] <- callResult{string(res), err}
 		}()
-		// One at a time: the pipeline carries them in this order.
-		eventually(t, 10*time.Second, "the call queued", func() bool { return idem.Queued(p.c) == i+1 })
+		if inOrder {
+			// One at a time: the pipeline carries them in this order.
+			eventually(t, 10*time.Second, "the call queued", func() bool { return idem.Queued(p.c) == i+1 })
+		}
 	}
+	eventually(t, 20*time.Second, "the calls queued", func() bool { return idem.Queued(p.c) == len(calls) })
 	return out
 }
 
@@ -270,4 +301,264 @@ func TestAttackPipelineRetryReclaimsAfterGiveBack(t *testing.T) {
 		t.Errorf("BUG: the victim's key is left in progress (attempt %d, lease until %v) by a claim that nobody owns: "+
 			"go-redis sent the pipeline again after the departed caller's release", st.Attempt, st.LeaseEnds.Format(time.TimeOnly))
 	}
+}
+
+// bigResult is a result of exactly n bytes that names key, so that a
+// result delivered to another key's caller shows.
+func bigResult(key string, n int) []byte {
+	b := bytes.Repeat([]byte{key[len(key)-1]}, n)
+	copy(b, key+":")
+	return b
+}
+
+// One pipeline of claims carries replays of 1 MiB results, stored
+// failures, new keys, a key claimed twice with two fingerprints (the
+// second a conflict), and its completions carry 1 MiB results, a result
+// over the limit, a permanent and a transient failure: every caller gets
+// its own key's outcome, and only its own.
+func TestAttackMixedResultsInOnePipeline(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const mib = 1 << 20
+		setup := b.idem(t)
+		ctx := context.Background()
+		for _, key := range []string{"big-done-0", "big-done-1", "big-done-2"} {
+			if _, err := setup.Do(ctx, key, "fp", func(context.Context) ([]byte, error) { return bigResult(key, mib), nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := setup.Do(ctx, "failed-before", "fp", func(context.Context) ([]byte, error) {
+			return nil, idem.PermanentCode("declined", errors.New("declined before"))
+		}); err == nil {
+			t.Fatal("the stored failure was not stored")
+		}
+		p := newPinned(t, b, nil, nil)
+		l := &p.l
+		fixed := func(res []byte, err error) func(context.Context) ([]byte, error) {
+			return func(ctx context.Context) ([]byte, error) { l.add(ctx); return res, err }
+		}
+		calls := []call{
+			{key: "big-done-0", fp: "fp", fn: fixed(nil, errors.New("replay ran fn"))},
+			{key: "new-0", fp: "fp", fn: fixed([]byte("small-new-0"), nil)},
+			{key: "clash", fp: "fp", fn: fixed([]byte("clash-owner"), nil)},
+			{key: "big-new-0", fp: "fp", fn: fixed(bigResult("big-new-0", mib), nil)},
+			{key: "clash", fp: "other", fn: fixed([]byte("clash-conflict-ran"), nil)},
+			{key: "big-done-1", fp: "fp", fn: fixed(nil, errors.New("replay ran fn"))},
+			{key: "too-large", fp: "fp", fn: fixed(bigResult("too-large", mib+1), nil)},
+			{key: "perm", fp: "fp", fn: fixed(nil, idem.PermanentCode("declined", errors.New("declined now")))},
+			{key: "failed-before", fp: "fp", fn: fixed(nil, errors.New("replay ran fn"))},
+			{key: "trans", fp: "fp", fn: fixed(nil, errors.New("try later"))},
+			{key: "big-new-1", fp: "fp", fn: fixed(bigResult("big-new-1", mib), nil)},
+			{key: "big-done-2", fp: "other", fn: fixed(nil, errors.New("conflict ran fn"))},
+			{key: "new-1", fp: "fp", fn: fixed([]byte("small-new-1"), nil)},
+		}
+		results := p.queueCalls(t, calls, true)
+		p.g.openCmds()
+		got := make([]callResult, len(calls))
+		for i := range calls {
+			got[i] = recv(t, results[i])
+		}
+		p.finishAB(t)
+		if n := p.rec.find("evalsha claim", len(calls)); n != 1 {
+			t.Errorf("want one pipeline of the %d queued claims; sent %v", len(calls), p.rec)
+		}
+		want := func(i int, res string) {
+			t.Helper()
+			if got[i].err != nil || got[i].res != res {
+				t.Errorf("call %d (%s): got %.40q, %v; want %.40q", i, calls[i].key, got[i].res, got[i].err, res)
+			}
+		}
+		wantErr := func(i int, is error, text string) {
+			t.Helper()
+			if got[i].err == nil || (is != nil && !errors.Is(got[i].err, is)) || !strings.Contains(got[i].err.Error(), text) || got[i].res != "" {
+				t.Errorf("call %d (%s): got %.40q, %v; want an error %v saying %q", i, calls[i].key, got[i].res, got[i].err, is, text)
+			}
+		}
+		want(0, string(bigResult("big-done-0", mib)))
+		want(1, "small-new-0")
+		want(2, "clash-owner")
+		want(3, string(bigResult("big-new-0", mib)))
+		wantErr(4, idem.ErrConflict, "clash")
+		want(5, string(bigResult("big-done-1", mib)))
+		wantErr(6, idem.ErrTooLarge, "")
+		wantErr(7, nil, "declined now")
+		var se *idem.StoredError
+		if wantErr(8, nil, "declined before"); !errors.As(got[8].err, &se) || se.Code != "declined" {
+			t.Errorf("failed-before: got %v, want its stored error", got[8].err)
+		}
+		wantErr(9, nil, "try later")
+		want(10, string(bigResult("big-new-1", mib)))
+		wantErr(11, idem.ErrConflict, "big-done-2")
+		want(12, "small-new-1")
+		for _, key := range []string{"big-done-0", "big-done-1", "big-done-2", "failed-before"} {
+			faultRuns(t, l, key, "[]")
+		}
+		for _, key := range []string{"new-0", "new-1", "clash", "big-new-0", "big-new-1", "too-large", "perm", "trans"} {
+			faultRuns(t, l, key, "[1]")
+		}
+		// What the next caller finds.
+		faultWantStatus(t, b, "trans", idem.StateReleased, 1)
+		faultWantStatus(t, b, "perm", idem.StateFailed, 1)
+		faultWantStatus(t, b, "too-large", idem.StateFailed, 1)
+		faultReplay(t, b, "clash", "clash-owner", l)
+		faultReplay(t, b, "big-new-1", string(bigResult("big-new-1", mib)), l)
+	})
+}
+
+// More calls queued than one pipeline takes (maxBatch, 256): 600 new keys
+// go in pipelines of at most 256 claims, each caller getting its own
+// key's result, fn once per key.
+func TestAttackMoreThanMaxBatchQueued(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		p := newPinned(t, b, nil, nil)
+		keys := crowdKeys("many", 600)
+		calls := make([]call, len(keys))
+		for i, key := range keys {
+			calls[i] = call{key: key, fp: "fp", fn: p.l.fn("r-" + key)}
+		}
+		results := p.queueCalls(t, calls, false)
+		p.g.openCmds()
+		for i, key := range keys {
+			if r := recv(t, results[i]); r.err != nil || r.res != "r-"+key+"#1" {
+				t.Errorf("key %q: got %q, %v", key, r.res, r.err)
+			}
+		}
+		p.finishAB(t)
+		for _, key := range keys {
+			faultRuns(t, &p.l, key, "[1]")
+		}
+		p.rec.mu.Lock()
+		largest, total := 0, 0
+		for _, pipe := range p.rec.pipes {
+			n := 0
+			for _, c := range pipe {
+				if c == "evalsha claim" {
+					n++
+				}
+			}
+			largest, total = max(largest, n), total+n
+		}
+		p.rec.mu.Unlock()
+		if largest != 256 {
+			t.Errorf("the largest pipeline carried %d claims, want 256 (the limit, with 600 queued)", largest)
+		}
+		if total != 600 {
+			t.Errorf("%d claims in pipelines, want the 600 queued", total)
+		}
+	})
+}
+
+// WithPipelines(0): every script goes alone, however many calls run at
+// once; no pipeline is sent.
+func TestAttackPipelinesOffSendsEveryScriptAlone(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		faultLoadScripts(t, b)
+		rec, ctr := new(pipeRecorder), new(cmdCounter)
+		rdb := b.client(t)
+		rdb.AddHook(rec)
+		rdb.AddHook(ctr)
+		c := idem.New(rdb, idem.WithPipelines(0))
+		t.Cleanup(func() { _ = c.Close() })
+		var (
+			l  ledger
+			wg sync.WaitGroup
+		)
+		start := make(chan struct{})
+		for i := range 100 {
+			key := fmt.Sprintf("alone-%02d", i%50)
+			wg.Go(func() {
+				<-start
+				res, err := c.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
+					l.add(ctx)
+					time.Sleep(5 * time.Millisecond)
+					return []byte("r-" + key), nil
+				})
+				if err != nil || string(res) != "r-"+key {
+					t.Errorf("key %q: got %q, %v", key, res, err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		rec.mu.Lock()
+		pipes := 0
+		for _, pipe := range rec.pipes {
+			if slices.ContainsFunc(pipe, func(c string) bool { return !isHandshake(c) }) {
+				pipes++ // not a connection's handshake
+			}
+		}
+		rec.mu.Unlock()
+		if pipes != 0 {
+			t.Errorf("%d pipelines sent with WithPipelines(0): %v", pipes, rec)
+		}
+		got := ctr.snapshot().withoutHandshakes()
+		scripts := got.cmds["evalsha claim"] + got.cmds["evalsha complete"]
+		if got.cmds["evalsha complete"] != 50 || got.cmds["evalsha claim"] < 50 {
+			t.Errorf("sent %v; want 50 completions and a claim for each key at least", got)
+		}
+		if got.trips != scripts+got.cmds["config get"] {
+			t.Errorf("%d round trips for %d scripts (%v): some scripts shared a round trip", got.trips, scripts, got)
+		}
+	})
+}
+
+// Close while calls wait in the queue and a pipeline is in flight: it
+// returns once the pipeline's reply came (the sender is background work),
+// every call returns with its own outcome, nothing panics, and no
+// goroutine is left.
+func TestAttackCloseWhileQueuedAndInFlight(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		// The servers' and go-redis's goroutines stay until the cleanups.
+		ignore := []goleak.Option{goleak.IgnoreCurrent(),
+			goleak.IgnoreAnyFunction("github.com/alicebob/miniredis/v2/server.(*Server).servePeer"),
+			goleak.IgnoreAnyFunction("github.com/alicebob/miniredis/v2/server.(*Server).servePeer.func2")}
+		claim := faultConnScript(t, "claim")
+		// The second claim overall is the pipeline's first: holding its
+		// reply holds the pipeline's.
+		cr := newCrowd(t, b, time.Second, nil,
+			faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: 2 * time.Second})
+		keys := crowdKeys("closing", 30)
+		results := cr.queue(keys)
+		// The blocker's reply comes; the queued claims go as one pipeline,
+		// whose reply is held; then more calls queue behind it.
+		eventually(t, 10*time.Second, "the pipeline sent", func() bool { return cr.in.Hits() >= 2 })
+		sent := time.Now()
+		late := make([]chan callResult, 10)
+		for i := range late {
+			late[i] = make(chan callResult, 1)
+			key := fmt.Sprint("late-", i)
+			go func() {
+				res, err := cr.c.Do(context.Background(), key, "fp", cr.l.fn("r-"+key))
+				late[i] <- callResult{string(res), err}
+			}()
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- cr.c.Close() }()
+		if err := recv(t, closed); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		// A lower bound, which a slow machine cannot break: the sender of
+		// the held pipeline is background work.
+		if d := time.Since(sent); d < 1500*time.Millisecond {
+			t.Errorf("Close returned %v after the pipeline was sent, before its reply held for 2 s", d)
+		}
+		cr.blocker()
+		for i, key := range keys {
+			if r := recv(t, results[i]); r.err != nil || r.res != "r-"+key+"#1" {
+				t.Errorf("key %q: got %q, %v", key, r.res, r.err)
+			}
+		}
+		for i := range late {
+			key := fmt.Sprint("late-", i)
+			r := recv(t, late[i])
+			switch {
+			case errors.Is(r.err, idem.ErrClosed):
+				faultRuns(t, &cr.l, key, "[]")
+			case r.err == nil && r.res == "r-"+key+"#1":
+				faultRuns(t, &cr.l, key, "[1]")
+			default:
+				t.Errorf("key %q after Close: got %q, %v", key, r.res, r.err)
+			}
+		}
+		goleak.VerifyNone(t, ignore...)
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -561,4 +562,161 @@ func TestAttackCloseWhileQueuedAndInFlight(t *testing.T) {
 		}
 		goleak.VerifyNone(t, ignore...)
 	})
+}
+
+// A cancel storm: hundreds of calls on a few dozen keys through two
+// Clients (one, two pipelines in flight), a tenth of them cancelled before
+// Do, most with random deadlines of up to 120 ms, some with none, while a
+// fifth of the scripts' replies are held for 30 ms. fn fails transiently
+// at attempt 1 on some keys and permanently on others. Then: no two live
+// owners, no attempt run twice, one outcome per key for every caller that
+// got one, each caller back soon after its deadline, and once the lease
+// has passed, every key done, failed, released, or free to claim.
+func TestAttackCancelStorm(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	faultLoadScripts(t, b)
+	var scripts atomic.Int64
+	isIdem := func(cmd []string) bool {
+		for _, name := range faultScripts {
+			if faultconn.IsScript(idem.ScriptSHA(name))(cmd) {
+				return true
+			}
+		}
+		return false
+	}
+	in := faultconn.New(faultconn.Rule{Action: faultconn.DelayReply, Delay: 30 * time.Millisecond,
+		Match: func(cmd []string) bool { return isIdem(cmd) && scripts.Add(1)%5 == 0 }})
+	const lease = 2 * time.Second
+	cs := [2]*idem.Client{
+		faultyClient(t, b, in, nil, idem.WithLease(lease), idem.WithWait(200*time.Millisecond)),
+		faultyClient(t, b, in, nil, idem.WithLease(lease), idem.WithWait(0), idem.WithPipelines(1)),
+	}
+	const calls, keys = 400, 40
+	var (
+		l  ledger
+		o  owners
+		mu sync.Mutex
+		ok = map[string]map[string]bool{} // key -> results returned
+	)
+	fn := func(key string, k int) func(context.Context) ([]byte, error) {
+		return func(ctx context.Context) ([]byte, error) {
+			defer o.enter(ctx)()
+			a := l.add(ctx)
+			select {
+			case <-time.After(time.Duration(rand.N(15)) * time.Millisecond):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			switch {
+			case k%5 == 0 && a.Number == 1:
+				return nil, errors.New("transient")
+			case k%7 == 0:
+				return nil, idem.Permanent(errors.New("permanent-" + key))
+			}
+			return []byte(fmt.Sprintf("v-%s#%d", key, a.Number)), nil
+		}
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range calls {
+		k := rand.N(keys)
+		key := fmt.Sprint("storm-", k)
+		wg.Go(func() {
+			ctx := context.Background()
+			var deadline time.Time
+			switch i % 10 {
+			case 0:
+				c, cancel := context.WithCancel(ctx)
+				cancel()
+				ctx = c
+			case 1, 2, 3, 4, 5, 6:
+				deadline = time.Now().Add(time.Duration(1+rand.N(120)) * time.Millisecond)
+				c, cancel := context.WithDeadline(ctx, deadline)
+				defer cancel()
+				ctx = c
+			}
+			<-start
+			res, err := cs[i%2].Do(ctx, key, "fp", fn(key, k))
+			if !deadline.IsZero() {
+				// A bound with a wide margin: the caller's context bounds
+				// its wait, the held replies and go-redis's timeouts aside.
+				if late := time.Since(deadline); late > 5*time.Second {
+					t.Errorf("key %q: the call returned %v after its deadline", key, late)
+				}
+			}
+			var se *idem.StoredError
+			switch {
+			case err == nil:
+				mu.Lock()
+				if ok[key] == nil {
+					ok[key] = map[string]bool{}
+				}
+				ok[key][string(res)] = true
+				mu.Unlock()
+			case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+				errors.Is(err, idem.ErrInProgress):
+			case err.Error() == "transient" && k%5 == 0:
+			case errors.As(err, &se) || strings.HasPrefix(err.Error(), "permanent-"):
+				if k%7 != 0 || err.Error() != "permanent-"+key {
+					t.Errorf("key %q: got another key's failure: %v", key, err)
+				}
+			default:
+				t.Errorf("key %q: unexpected error %v", key, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for _, c := range cs {
+		_ = c.Close() // the background releases are done
+	}
+	o.check(t)
+	inProgress := 0
+	for k := range keys {
+		key := fmt.Sprint("storm-", k)
+		runs := l.runs(key)
+		seen := map[int64]bool{}
+		for _, n := range runs {
+			if seen[n] {
+				t.Errorf("key %q: attempt %d ran fn twice (%v)", key, n, runs)
+			}
+			seen[n] = true
+		}
+		if len(ok[key]) > 1 {
+			t.Errorf("key %q: callers got different results: %v", key, ok[key])
+		}
+		for res := range ok[key] {
+			var n int64
+			if _, err := fmt.Sscanf(res, "v-"+key+"#%d", &n); err != nil || !seen[n] {
+				t.Errorf("key %q: a caller got %q, which no attempt of it returned (runs %v)", key, res, runs)
+			}
+		}
+		if faultStatus(t, b, key).State == idem.StateInProgress {
+			inProgress++
+		}
+	}
+	t.Logf("%d calls; %d scripts, a fifth of their replies held; %d keys in progress once every call and release was done", calls, scripts.Load(), inProgress)
+	// After the lease, every key is done or failed (replayed, fn not run
+	// again) or free to claim.
+	time.Sleep(lease + lease/4)
+	after := b.idem(t, idem.WithWait(0))
+	for k := range keys {
+		key := fmt.Sprint("storm-", k)
+		before := l.count(key)
+		st := faultStatus(t, b, key)
+		res, err := after.Do(context.Background(), key, "fp", fn(key, k))
+		switch {
+		case err == nil:
+			if len(ok[key]) > 0 && !ok[key][string(res)] {
+				t.Errorf("key %q: the next call got %q; the storm's callers got %v", key, res, ok[key])
+			}
+			if st.State == idem.StateDone && l.count(key) != before {
+				t.Errorf("key %q: done, and fn ran again", key)
+			}
+		case k%7 == 0 && err.Error() == "permanent-"+key:
+		case k%5 == 0 && err.Error() == "transient":
+		default:
+			t.Errorf("key %q (%v, attempt %d): the next call after the lease got %v", key, st.State, st.Attempt, err)
+		}
+	}
 }

@@ -720,3 +720,107 @@ func TestAttackCancelStorm(t *testing.T) {
 		}
 	}
 }
+
+// Renewals in a pipeline whose reply is held for longer than the lease:
+// ten owners of one Client (one pipeline in flight) renew at once; the
+// first renewal's reply is slow, so the others queue, and the pipeline
+// that carries them is held. Their calls leave at their own context (the
+// renewals ran on the server, but the owners never learn it), the next
+// renewals wait in the queue and leave unsent, and each owner's fn context
+// ends at its own deadline, with ErrLeaseLost, before another Client can
+// take the key over; it does take over, as attempt 2, once the server's
+// lease ends.
+func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
+	b := newRedis(t, redistest.Config{})
+	faultLoadScripts(t, b)
+	renew := faultConnScript(t, "renew")
+	in := faultconn.New(
+		faultconn.Rule{Match: renew, Nth: 1, Action: faultconn.DelayReply, Delay: 300 * time.Millisecond},
+		faultconn.Rule{Match: renew, Nth: 1, Action: faultconn.DelayReply, Delay: 4 * time.Second})
+	rec := new(pipeRecorder)
+	rdb := b.client(t, func(o *redis.Options) {
+		o.Dialer = in.Dialer(b.addr)
+		o.ReadTimeout = 10 * time.Second
+	})
+	rdb.AddHook(rec)
+	const lease = 1500 * time.Millisecond
+	c1 := idem.New(rdb, idem.WithLease(lease), idem.WithPipelines(1))
+	t.Cleanup(func() { _ = c1.Close() })
+	c2 := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+	var (
+		l      ledger
+		o      owners
+		wg     sync.WaitGroup
+		causes = make([]error, 10)
+	)
+	started := make(chan struct{}, 10)
+	for i := range 10 {
+		key := fmt.Sprint("renewed-", i)
+		wg.Go(func() {
+			_, err := c1.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
+				defer o.enter(ctx)()
+				l.add(ctx)
+				started <- struct{}{}
+				select {
+				case <-ctx.Done():
+					causes[i] = context.Cause(ctx)
+					return nil, ctx.Err()
+				case <-time.After(30 * time.Second):
+					return nil, errors.New("fn's context did not end")
+				}
+			})
+			if err == nil {
+				t.Errorf("key %q: the owner whose lease ended got no error", key)
+			}
+		})
+		<-started
+	}
+	// Another Client takes each key over as soon as the server lets it.
+	for i := range 10 {
+		key := fmt.Sprint("renewed-", i)
+		wg.Go(func() {
+			deadline := time.Now().Add(20 * time.Second)
+			for time.Now().Before(deadline) {
+				res, err := c2.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
+					defer o.enter(ctx)()
+					a := l.add(ctx)
+					return []byte(fmt.Sprint("taken#", a.Number)), nil
+				})
+				if err == nil {
+					if string(res) != "taken#2" {
+						t.Errorf("key %q: the takeover got %q", key, res)
+					}
+					return
+				}
+				if !errors.Is(err, idem.ErrInProgress) {
+					t.Errorf("key %q: the takeover got %v", key, err)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			t.Errorf("key %q: never taken over", key)
+		})
+	}
+	wg.Wait()
+	o.check(t)
+	for i := range 10 {
+		key := fmt.Sprint("renewed-", i)
+		faultRuns(t, &l, key, "[1 2]")
+		if !errors.Is(causes[i], idem.ErrLeaseLost) {
+			t.Errorf("key %q: fn's context ended with %v, want ErrLeaseLost", key, causes[i])
+		}
+	}
+	if in.Hits() != 2 {
+		t.Errorf("%d renewals held, want 2", in.Hits())
+	}
+	held := false
+	rec.mu.Lock()
+	for _, p := range rec.pipes {
+		held = held || (len(p) > 1 && p[0] == "evalsha renew")
+	}
+	rec.mu.Unlock()
+	if !held {
+		t.Errorf("no pipeline of renewals was sent: %v", rec)
+	}
+	t.Logf("pipelines: %v", rec)
+}

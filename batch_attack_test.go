@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -823,4 +824,248 @@ func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
 		t.Errorf("no pipeline of renewals was sent: %v", rec)
 	}
 	t.Logf("pipelines: %v", rec)
+}
+
+// WithReplicas: a claim or a completion goes alone, in a pipeline of its
+// own with its WAIT, however many calls run at once.
+func TestAttackReplicasStayUnbatched(t *testing.T) {
+	primary := redistest.Start(t, redistest.Config{})
+	replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + portOf(primary.Addr())}})
+	b := &backend{name: "redis", addr: primary.Addr(), srv: primary}
+	eventually(t, 10*time.Second, "the replica's sync", func() bool {
+		return strings.Contains(fmt.Sprint(replica.Do(t, "INFO", "replication")), "master_link_status:up")
+	})
+	faultLoadScripts(t, b)
+	rec := new(pipeRecorder)
+	rdb := b.client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second })
+	rdb.AddHook(rec)
+	c := idem.New(rdb, idem.WithReplicas(1, 10*time.Second))
+	t.Cleanup(func() { _ = c.Close() })
+	var (
+		l  ledger
+		wg sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for i := range 60 {
+		key := fmt.Sprint("replicated-", i%40)
+		wg.Go(func() {
+			<-start
+			res, err := c.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
+				l.add(ctx)
+				time.Sleep(2 * time.Millisecond)
+				return []byte("r-" + key), nil
+			})
+			if err != nil || string(res) != "r-"+key {
+				t.Errorf("key %q: got %q, %v", key, res, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	writes, waits := 0, 0
+	for _, p := range rec.pipes {
+		for _, name := range p {
+			switch name {
+			case "evalsha claim", "evalsha complete", "eval claim", "eval complete":
+				writes++
+				if len(p) != 2 || p[1] != "wait" {
+					t.Errorf("a claim or completion went in the pipeline %v, not alone with its WAIT", p)
+				}
+			case "wait":
+				waits++
+			}
+		}
+	}
+	if writes < 80 || waits != writes {
+		t.Errorf("%d claims and completions, %d WAITs: want one WAIT each, 40 keys' at least", writes, waits)
+	}
+	for i := range 40 {
+		faultRuns(t, &l, fmt.Sprint("replicated-", i), "[1]")
+	}
+}
+
+// clusterByMaster returns, for each master of cc, n keys whose records it
+// serves, keyed by the master's address.
+func clusterByMaster(t *testing.T, cc *redis.ClusterClient, c *idem.Client, prefix string, n int) map[string][]string {
+	t.Helper()
+	by := map[string][]string{}
+	for i := 0; ; i++ {
+		if i > 100000 {
+			t.Fatalf("not %d keys on each master: %v", n, by)
+		}
+		key := fmt.Sprint(prefix, i)
+		m, err := cc.MasterForKey(context.Background(), idem.RecordKey(c, key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := m.Options().Addr
+		if len(by[addr]) < n {
+			by[addr] = append(by[addr], key)
+		}
+		full := len(by) == 3
+		for _, keys := range by {
+			full = full && len(keys) == n
+		}
+		if full {
+			return by
+		}
+	}
+}
+
+// On a Redis Cluster, each master has its batcher: with one master paused
+// (SIGSTOP), crowds of calls on the other masters' keys all finish, while
+// the calls on the paused master's keys end at their contexts, queued or
+// sent. Once it resumes, and the lease has passed, every key is usable, fn
+// having run at most once per attempt and never beside another owner.
+func TestAttackClusterPausedMasterStallsOnlyItsKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster of three redis-server processes: skipped in -short")
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	nodes := map[string]*redistest.Server{}
+	for _, s := range cl.Nodes() {
+		// Without replicas, the other masters go on serving their slots
+		// once they count the paused one as failed.
+		s.Do(t, "CONFIG", "SET", "cluster-require-full-coverage", "no")
+		nodes[s.Addr()] = s
+	}
+	cc := cl.Client(t, func(o *redis.ClusterOptions) {
+		o.ContextTimeoutEnabled = true // a sent call's read ends at its deadline
+		o.ReadTimeout = 20 * time.Second
+		o.MaxRedirects = 8
+	})
+	const lease = 3 * time.Second
+	c := idem.New(cc, idem.WithLease(lease), idem.WithWait(0))
+	t.Cleanup(func() { _ = c.Close() })
+	by := clusterByMaster(t, cc, c, "m-", 41)
+	var (
+		l ledger
+		o owners
+	)
+	fn := func(ctx context.Context) ([]byte, error) {
+		defer o.enter(ctx)()
+		a := l.add(ctx)
+		time.Sleep(time.Millisecond)
+		return []byte(fmt.Sprintf("r-%s#%d", a.Key, a.Number)), nil
+	}
+	// Warm every master's batcher and connections, and the scripts.
+	var paused string
+	for addr, keys := range by {
+		if paused == "" {
+			paused = addr
+		}
+		if res, err := c.Do(context.Background(), keys[0], "fp", fn); err != nil || string(res) != "r-"+keys[0]+"#1" {
+			t.Fatalf("key %q: got %q, %v", keys[0], res, err)
+		}
+		by[addr] = keys[1:]
+	}
+	srv := nodes[paused]
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	pausedAt := time.Now()
+	type outcome struct {
+		key      string
+		res      string
+		err      error
+		returned time.Time
+	}
+	var wg sync.WaitGroup
+	stalled := make(chan outcome, 40)
+	healthy := make(chan outcome, 80)
+	for addr, keys := range by {
+		for _, key := range keys {
+			wg.Go(func() {
+				timeout := 20 * time.Second
+				if addr == paused {
+					timeout = time.Second
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				defer cancel()
+				res, err := c.Do(ctx, key, "fp", fn)
+				out := outcome{key, string(res), err, time.Now()}
+				if addr == paused {
+					stalled <- out
+				} else {
+					healthy <- out
+				}
+			})
+		}
+	}
+	// Both crowds finish while the master stays paused.
+	for range 80 {
+		r := recv(t, healthy)
+		if r.err != nil || r.res != "r-"+r.key+"#1" {
+			t.Errorf("key %q on a healthy master: got %q, %v", r.key, r.res, r.err)
+		}
+	}
+	for range 40 {
+		r := recv(t, stalled)
+		// Queued, or in a pipeline: the context's error; sent alone: the
+		// read deadline that go-redis took from the context.
+		var ne net.Error
+		if r.err == nil || !errors.Is(r.err, context.DeadlineExceeded) && !(errors.As(r.err, &ne) && ne.Timeout()) {
+			t.Errorf("key %q on the paused master: got %q, %v; want its context's deadline", r.key, r.res, r.err)
+		}
+		// A bound with a wide margin, not a speed: the call ended at its
+		// own deadline (1 s), not at the server's return.
+		if d := r.returned.Sub(pausedAt); d > 8*time.Second {
+			t.Errorf("key %q on the paused master: returned %v after the pause", r.key, d)
+		}
+	}
+	srv.Resume()
+	resumed = true
+	wg.Wait()
+	_ = c.Close() // the releases given back in the background are done
+	o.check(t)
+	time.Sleep(lease + lease/4)
+	after := idem.New(cl.Client(t), idem.WithWait(10*time.Second))
+	t.Cleanup(func() { _ = after.Close() })
+	for _, key := range by[paused] {
+		res, err := after.Do(context.Background(), key, "fp", fn)
+		runs := l.runs(key)
+		if err != nil || len(runs) == 0 || string(res) != fmt.Sprintf("r-%s#%d", key, runs[len(runs)-1]) {
+			t.Errorf("key %q after the pause: got %q, %v (runs %v)", key, res, err, runs)
+		}
+	}
+	o.check(t)
+}
+
+// On a Redis Cluster, the hooks added to the ClusterClient (tracing,
+// metrics: go-redis's docs put them there and on each node) saw every
+// script before the batcher; now the scripts go through the masters' own
+// clients, alone or in pipelines, and the ClusterClient's hooks see none
+// of them, whereas with WithPipelines(0) they see all.
+func TestAttackClusterClientHooksSeeTheScripts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster of three redis-server processes: skipped in -short")
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	for _, n := range []int{0, 2} {
+		cc := cl.Client(t)
+		ctr := new(cmdCounter)
+		cc.AddHook(ctr)
+		c := idem.New(cc, idem.WithPipelines(n))
+		var wg sync.WaitGroup
+		for i := range 20 {
+			key := fmt.Sprintf("hooked-%d-%d", n, i)
+			wg.Go(func() {
+				if _, err := c.Do(context.Background(), key, "fp", func(context.Context) ([]byte, error) { return []byte("x"), nil }); err != nil {
+					t.Errorf("key %q: %v", key, err)
+				}
+			})
+		}
+		wg.Wait()
+		_ = c.Close()
+		got := ctr.snapshot().cmds
+		if seen := got["evalsha claim"] + got["eval claim"]; seen < 20 {
+			t.Errorf("WithPipelines(%d): the ClusterClient's hook saw %d of 20 claims (%v)", n, seen, formatCounts(got))
+		}
+	}
 }

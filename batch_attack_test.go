@@ -1069,3 +1069,228 @@ func TestAttackClusterClientHooksSeeTheScripts(t *testing.T) {
 		}
 	}
 }
+
+// crc16 is Redis Cluster's key hash (CRC-16/XMODEM).
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// keysInSlot returns n keys whose records (hash tag: the key) hash to
+// slot, named prefix and a number.
+func keysInSlot(prefix string, slot uint16, n int) []string {
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		if k := fmt.Sprint(prefix, i); crc16(k)%16384 == slot {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// migrateSlot moves slot from the master at src to the one at dst, keys
+// and all, the way redis-cli --cluster reshard does.
+func migrateSlot(t *testing.T, cl *redistest.Cluster, slot uint16, src, dst *redistest.Server) {
+	t.Helper()
+	srcID, dstID := src.Do(t, "CLUSTER", "MYID").(string), dst.Do(t, "CLUSTER", "MYID").(string)
+	dst.Do(t, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID)
+	src.Do(t, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID)
+	host, port, _ := net.SplitHostPort(dst.Addr())
+	for {
+		keys, _ := src.Do(t, "CLUSTER", "GETKEYSINSLOT", slot, 100).([]any)
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		src.Do(t, append(args, keys...)...)
+	}
+	for _, s := range cl.Nodes() {
+		s.Do(t, "CLUSTER", "SETSLOT", slot, "NODE", dstID)
+	}
+}
+
+// A slot moves to another master while its keys' owners run fn: their
+// completions, and new claims and replays of keys in the slot, queue in
+// the old master's batcher beside claims of keys that stay; the old master
+// answers MOVED to some scripts of a pipeline and runs the others; each
+// moved script goes again through the ClusterClient, to the new master.
+// Every caller gets its own key's outcome, fn runs once per key, and the
+// outcomes are stored where the slot now lives.
+func TestAttackClusterSlotMovesUnderBatchedCalls(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster of three redis-server processes: skipped in -short")
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	cc := cl.Client(t, func(o *redis.ClusterOptions) { o.MaxRedirects = 8 })
+	moved := new(movedCounter)
+	// The first script sent alone to holdAddr is held until open closes,
+	// so that every call of the crowd below queues behind it, routed by
+	// the slots as the ClusterClient knew them before any MOVED.
+	var holdAddr atomic.Pointer[string]
+	held, open := make(chan struct{}), make(chan struct{})
+	var heldOnce, openOnce sync.Once
+	t.Cleanup(func() { openOnce.Do(func() { close(open) }) })
+	cc.OnNewNode(func(node *redis.Client) {
+		addr := node.Options().Addr
+		node.AddHook(moved)
+		node.AddHook(processHook(func(cmd redis.Cmder) {
+			if a := holdAddr.Load(); a != nil && *a == addr && strings.HasPrefix(cmdName(cmd), "evalsha ") {
+				first := false
+				heldOnce.Do(func() { first = true; close(held) })
+				if first {
+					<-open
+				}
+			}
+		}))
+	})
+	c := idem.New(cc, idem.WithPipelines(1), idem.WithWait(0))
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	nodes := map[string]*redistest.Server{}
+	for _, s := range cl.Nodes() {
+		nodes[s.Addr()] = s
+	}
+	const slot = 4242
+	moving := keysInSlot("moving-", slot, 45)
+	if got := cc.ClusterKeySlot(ctx, idem.RecordKey(c, moving[0])).Val(); got != slot {
+		t.Fatalf("key %q is in slot %d, not %d", moving[0], got, slot)
+	}
+	m, err := cc.MasterForKey(ctx, idem.RecordKey(c, moving[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := nodes[m.Options().Addr]
+	var dst *redistest.Server
+	for addr, s := range nodes {
+		if addr != m.Options().Addr {
+			dst = s
+			break
+		}
+	}
+	// Keys that stay on the old master, in other slots.
+	var staying []string
+	for i := 0; len(staying) < 20; i++ {
+		key := fmt.Sprint("staying-", i)
+		if n, _ := cc.MasterForKey(ctx, idem.RecordKey(c, key)); n != nil && n.Options().Addr == src.Addr() && crc16(key)%16384 != slot {
+			staying = append(staying, key)
+		}
+	}
+	var (
+		l ledger
+		o owners
+	)
+	fn := func(ctx context.Context) ([]byte, error) {
+		defer o.enter(ctx)()
+		a := l.add(ctx)
+		return []byte(fmt.Sprintf("r-%s#%d", a.Key, a.Number)), nil
+	}
+	owned, done, fresh := moving[:15], moving[15:25], moving[25:]
+	for _, key := range done {
+		if res, err := c.Do(ctx, key, "fp", fn); err != nil || string(res) != "r-"+key+"#1" {
+			t.Fatalf("key %q: got %q, %v", key, res, err)
+		}
+	}
+	finishes := make([]func(string, error), len(owned))
+	dones := make([]<-chan error, len(owned))
+	for i, key := range owned {
+		finishes[i], dones[i] = startOwner(t, c, key, &l)
+	}
+	migrateSlot(t, cl, slot, src, dst)
+	if n := len(src.Do(t, "CLUSTER", "GETKEYSINSLOT", slot, 100).([]any)); n != 0 {
+		t.Fatalf("%d keys left in the slot on the old master", n)
+	}
+	// All at once: the owners finish, new keys and replays in the moved
+	// slot, new keys in the slots that stay.
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, key := range owned {
+		wg.Go(func() {
+			<-start
+			finishes[i]("owner-"+key, nil)
+			if err := recv(t, dones[i]); err != nil {
+				t.Errorf("owner of %q: %v", key, err)
+			}
+		})
+	}
+	for _, key := range append(append(append([]string{}, done...), fresh...), staying...) {
+		wg.Go(func() {
+			<-start
+			res, err := c.Do(ctx, key, "fp", fn)
+			if err != nil || string(res) != "r-"+key+"#1" {
+				t.Errorf("key %q: got %q, %v", key, res, err)
+			}
+		})
+	}
+	srcAddr := src.Addr()
+	holdAddr.Store(&srcAddr)
+	close(start)
+	recv(t, held)
+	time.Sleep(500 * time.Millisecond) // the others queue meanwhile
+	openOnce.Do(func() { close(open) })
+	wg.Wait()
+	o.check(t)
+	for _, key := range owned {
+		if got := fmt.Sprint(dst.Do(t, "GET", idem.RecordKey(c, key))); !strings.HasSuffix(got, "owner-"+key) {
+			t.Errorf("key %q: the new master holds %q", key, got)
+		}
+	}
+	for _, key := range moving {
+		faultRuns(t, &l, key, "[1]")
+	}
+	for _, key := range staying {
+		faultRuns(t, &l, key, "[1]")
+	}
+	if moved.n.Load() == 0 {
+		t.Errorf("no pipeline of the old master answered MOVED to some of its scripts and ran others: the attack missed")
+	}
+	t.Logf("%d pipelines of the old master had MOVED scripts beside scripts that ran", moved.n.Load())
+}
+
+// processHook is a go-redis hook that calls f before each single command.
+type processHook func(cmd redis.Cmder)
+
+func (h processHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h processHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h processHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// movedCounter is a go-redis hook for the masters' clients that counts the
+// pipelines in which some scripts were answered MOVED and others ran.
+type movedCounter struct{ n atomic.Int64 }
+
+func (m *movedCounter) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (m *movedCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (m *movedCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		movedN, ran := 0, 0
+		for _, cmd := range cmds {
+			switch {
+			case redis.HasErrorPrefix(cmd.Err(), "MOVED"):
+				movedN++
+			case cmd.Err() == nil:
+				ran++
+			}
+		}
+		if movedN > 0 && ran > 0 {
+			m.n.Add(1)
+		}
+		return err
+	}
+}

@@ -1271,11 +1271,20 @@ func (h processHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // movedCounter is a go-redis hook for the masters' clients that counts the
-// pipelines in which some scripts were answered MOVED and others ran.
-type movedCounter struct{ n atomic.Int64 }
+// pipelines in which some scripts were answered MOVED and others ran (n),
+// and the commands sent alone that were answered MOVED (alone).
+type movedCounter struct{ n, alone atomic.Int64 }
 
-func (m *movedCounter) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (m *movedCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (m *movedCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (m *movedCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if redis.HasErrorPrefix(cmd.Err(), "MOVED") {
+			m.alone.Add(1)
+		}
+		return err
+	}
+}
 func (m *movedCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
@@ -1293,4 +1302,128 @@ func (m *movedCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 		}
 		return err
 	}
+}
+
+// A manual failover (CLUSTER FAILOVER on a replica) while crowds of calls
+// go through the master's batcher: the old master pauses its clients, then
+// answers MOVED; the moved scripts go again through the ClusterClient.
+// Every call that got a result got its key's one result, which a later
+// Client replays; fn runs at most once per attempt, never beside another
+// owner.
+func TestAttackClusterManualFailoverUnderBatchedCalls(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster of six redis-server processes: skipped in -short")
+	}
+	cl := redistest.StartCluster(t, 3, 1)
+	cc := cl.Client(t, func(o *redis.ClusterOptions) { o.MaxRedirects = 8 })
+	moved := new(movedCounter)
+	cc.OnNewNode(func(node *redis.Client) { node.AddHook(moved) })
+	c := idem.New(cc, idem.WithWait(0))
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	m, err := cc.MasterForKey(ctx, idem.RecordKey(c, "fo-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := m.Options().Addr
+	var replica *redistest.Server
+	id := m.Do(ctx, "CLUSTER", "MYID").Val()
+	lines := fmt.Sprint(m.Do(ctx, "CLUSTER", "REPLICAS", id).Val())
+	for _, s := range cl.Nodes() {
+		if strings.Contains(lines, " "+s.Addr()+"@") {
+			replica = s
+		}
+	}
+	if replica == nil {
+		t.Fatalf("no replica of %s in %q", master, lines)
+	}
+	var keys []string
+	for i := 0; len(keys) < 200; i++ {
+		key := fmt.Sprint("fo-", i)
+		if n, _ := cc.MasterForKey(ctx, idem.RecordKey(c, key)); n != nil && n.Options().Addr == master {
+			keys = append(keys, key)
+		}
+	}
+	var (
+		l      ledger
+		o      owners
+		mu     sync.Mutex
+		got    = map[string]string{}
+		failed []string
+	)
+	fn := func(ctx context.Context) ([]byte, error) {
+		defer o.enter(ctx)()
+		a := l.add(ctx)
+		time.Sleep(time.Millisecond)
+		return []byte(fmt.Sprintf("r-%s#%d", a.Key, a.Number)), nil
+	}
+	wave := func(keys []string) {
+		var wg sync.WaitGroup
+		for _, key := range keys {
+			wg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				res, err := c.Do(cctx, key, "fp", fn)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					failed = append(failed, fmt.Sprintf("%s: %v", key, err))
+					return
+				}
+				if prev, ok := got[key]; ok && prev != string(res) {
+					t.Errorf("key %q: got %q, then %q", key, prev, res)
+				}
+				got[key] = string(res)
+			})
+		}
+		wg.Wait()
+	}
+	wave(keys[:40])
+	failover := make(chan struct{})
+	go func() {
+		defer close(failover)
+		replica.Do(t, "CLUSTER", "FAILOVER")
+	}()
+	// Waves, each with new keys and the last wave's again, until the
+	// replica has taken over, and two more.
+	promoted := func() bool {
+		return strings.Contains(fmt.Sprint(replica.Do(t, "INFO", "replication")), "role:master")
+	}
+	after := 0
+	for i := 1; i < 5 && after < 2; i++ {
+		wave(keys[(i-1)*40 : (i+1)*40])
+		if promoted() {
+			after++
+		}
+	}
+	<-failover
+	eventually(t, 20*time.Second, "the replica promoted", promoted)
+	wave(keys)
+	_ = c.Close()
+	o.check(t)
+	later := idem.New(cl.Client(t), idem.WithWait(10*time.Second))
+	t.Cleanup(func() { _ = later.Close() })
+	for _, key := range keys {
+		res, err := later.Do(ctx, key, "fp", fn)
+		if err != nil {
+			t.Errorf("key %q after the failover: %v", key, err)
+			continue
+		}
+		if prev, ok := got[key]; ok && prev != string(res) {
+			t.Errorf("key %q: got %q during the failover, %q after", key, prev, res)
+		}
+		runs := l.runs(key)
+		seen := map[int64]bool{}
+		for _, n := range runs {
+			if seen[n] {
+				t.Errorf("key %q: attempt %d ran twice (%v)", key, n, runs)
+			}
+			seen[n] = true
+		}
+	}
+	if moved.n.Load()+moved.alone.Load() == 0 {
+		t.Errorf("the old master answered MOVED to no script of its batcher: the attack missed")
+	}
+	t.Logf("%d calls failed during the failover: %.3q; MOVED to %d scripts alone and in %d mixed pipelines",
+		len(failed), failed, moved.alone.Load(), moved.n.Load())
 }

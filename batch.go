@@ -15,7 +15,10 @@ import (
 
 // runner runs the scripts of a Client that change records: through one
 // batcher, or on a Redis Cluster through one per master, so that a slow
-// or failed master holds up only the calls of its own keys.
+// or failed master holds up only the calls of its own keys. Every batcher
+// sends through the Client's own go-redis client (the ClusterClient in a
+// cluster, which follows MOVED and ASK), so that its hooks (tracing,
+// metrics) see every script.
 type runner struct {
 	rdb   redis.UniversalClient
 	max   int // pipelines in flight per batcher; 0: no batching
@@ -39,40 +42,19 @@ func (r *runner) run(ctx context.Context, s script, keys []string, args []any) *
 	if r.cc == nil {
 		return r.one.run(ctx, s, keys, args)
 	}
+	// The master that serves the key, as the cluster's client last knew
+	// it: its batcher queues the call. The pipeline goes through the
+	// cluster's client all the same, which sends a moved key's script to
+	// its new master.
 	node, err := r.cc.MasterForKey(ctx, keys[0])
 	if err != nil {
 		return s.Run(ctx, r.cc, keys, args...)
 	}
 	b, ok := r.nodes.Load(node)
 	if !ok {
-		b, _ = r.nodes.LoadOrStore(node, &batcher{rdb: node, max: r.max, bg: r.bg})
+		b, _ = r.nodes.LoadOrStore(node, &batcher{rdb: r.cc, max: r.max, bg: r.bg})
 	}
-	cmd := b.(*batcher).run(ctx, s, keys, args)
-	if ctx.Err() == nil && elsewhere(cmd.Err()) {
-		// The key moved (a reshard, a failover), or the node's client was
-		// closed: the script did not run there. The cluster's client
-		// follows the redirect.
-		return s.Run(ctx, r.cc, keys, args...)
-	}
-	return cmd
-}
-
-// elsewhere reports whether a master answered that a script did not run
-// there because its key is served by another node, or will be soon, or
-// whether the master's client was closed before sending it.
-func elsewhere(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, redis.ErrClosed) {
-		return true
-	}
-	for _, p := range [...]string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"} {
-		if redis.HasErrorPrefix(err, p) {
-			return true
-		}
-	}
-	return false
+	return b.(*batcher).run(ctx, s, keys, args)
 }
 
 // batcher runs the scripts of a Client (of one master, on a cluster). A call that finds fewer than max
@@ -183,9 +165,35 @@ func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) 
 		return bc.recycle()
 	default:
 		// The sender will still set cmd and signal done: bc is left to
-		// the garbage collector.
-		return errCmd(ctx, ctx.Err())
+		// the garbage collector, and done to whoever must wait for the
+		// pipeline to be over (see inFlightError).
+		return errCmd(ctx, inFlightError{ctx.Err(), bc.done})
 	}
+}
+
+// inFlightError is the error of a call whose context ended while its
+// script was in a pipeline under way: the script may have run, or may still
+// run, later (the sender may not have written it yet, and go-redis sends a
+// pipeline whose reply was lost again). Whatever undoes it (the release of
+// a claim) must wait for done, which receives once the pipeline is over,
+// go-redis's retries included; else the script could land after it.
+type inFlightError struct {
+	err  error
+	done <-chan struct{}
+}
+
+func (e inFlightError) Error() string { return e.err.Error() }
+func (e inFlightError) Unwrap() error { return e.err }
+
+// inFlight returns the channel that receives once the pipeline that
+// carried the failed call of err is over, or nil when err is not one of a
+// call that left its pipeline under way.
+func inFlight(err error) <-chan struct{} {
+	var e inFlightError
+	if errors.As(err, &e) {
+		return e.done
+	}
+	return nil
 }
 
 // batchedCalls recycles batchedCalls (with their done channels) whose

@@ -253,7 +253,8 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // its own errors and its own context: a call whose context ends while it
 // waits returns then. 0 turns this off: every script goes alone, on a
 // pooled connection of its own, as go-redis sends it. With WithReplicas,
-// scripts go alone, each followed by its WAIT. n must not be negative.
+// claims and completions go alone, each followed by its WAIT. n must not
+// be negative.
 // The default is 4.
 func WithPipelines(n int) Option {
 	return func(c *config) {

@@ -28,7 +28,12 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 // for it, so that a caller that returns finds the key released. When too
 // many releases are under way already (Redis hangs), the claim is left to
 // its lease, which ends it as surely.
-func (c *Client) giveBack(ctx context.Context, keys []string, token string) {
+//
+// When the claim's call left a pipeline under way (cause, the claim's
+// error; see inFlightError), the release waits for that pipeline to be
+// over: released first, the claim could land after, and hold the key for
+// a lease with nobody to run fn.
+func (c *Client) giveBack(ctx context.Context, keys []string, token string, cause error) {
 	if c.releasing.Add(1) > maxBackgroundReleases {
 		c.releasing.Add(-1)
 		c.cfg.logger.Warn("idem: too many releases under way; the key stays claimed until the lease ends",
@@ -36,11 +41,15 @@ func (c *Client) giveBack(ctx context.Context, keys []string, token string) {
 		return
 	}
 	done := make(chan struct{})
+	sent := inFlight(cause)
 	c.bg.Add()
 	go func() {
 		defer c.bg.Done()
 		defer c.releasing.Add(-1)
 		defer close(done)
+		if sent != nil {
+			<-sent
+		}
 		c.release(ctx, keys, token)
 	}()
 	select {

@@ -63,7 +63,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			if mayHaveRun(err) || errors.Is(err, ErrNotReplicated) {
 				// The claim may have happened with its reply lost: give it
 				// back if it is ours. fn does not run.
-				c.giveBack(ctx, keys, token)
+				c.giveBack(ctx, keys, token, err)
 			}
 			if seen > 0 && ctx.Err() != nil {
 				return nil, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, seen, ctx.Err()), true
@@ -74,7 +74,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 		switch r.kind {
 		case 'c':
 			if seen > 0 && r.n == 1 {
-				c.giveBack(ctx, keys, token)
+				c.giveBack(ctx, keys, token, nil)
 				return nil, fmt.Errorf("%w: key %q: attempt %d was in progress; is the retention shorter than the operation?", ErrExpired, key, seen), false
 			}
 			if err := ctx.Err(); err != nil {
@@ -82,7 +82,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 				// applies a context's deadline to reads only with
 				// ContextTimeoutEnabled): give the claim back; fn does not
 				// start.
-				c.giveBack(ctx, keys, token)
+				c.giveBack(ctx, keys, token, nil)
 				return nil, fmt.Errorf("idem: claim key %q: %w", key, err), true
 			}
 			// The server granted the lease after the claim was sent: for
@@ -102,7 +102,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 					deadline = at + int64(c.cfg.lease-c.margin)
 				}
 				if left := time.Duration(deadline - mono()); err != nil || left < c.renewals.every {
-					c.giveBack(ctx, keys, token)
+					c.giveBack(ctx, keys, token, nil)
 					if err == nil {
 						err = fmt.Errorf("only %v left after a renewal", left)
 					}

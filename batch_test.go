@@ -14,7 +14,6 @@ import (
 	"io"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,13 +186,7 @@ func TestQueuedCallsShareOnePipeline(t *testing.T) {
 		keys := crowdKeys("k", 40)
 		results := cr.queue(keys)
 		cr.blocker()
-		for i, key := range keys {
-			r := <-results[i]
-			if want := "r-" + key + "#1"; r.err != nil || r.res != want {
-				t.Errorf("key %q: got %q, %v; want %q", key, r.res, r.err, want)
-			}
-			faultRuns(t, &cr.l, key, "[1]")
-		}
+		cr.ownResults(keys, results)
 		if n := cr.rec.find("evalsha claim", len(keys)); n != 1 {
 			t.Errorf("want one pipeline of the %d queued claims; sent %v", len(keys), cr.rec)
 		}
@@ -277,13 +270,7 @@ func TestPipelineReplyLost(t *testing.T) {
 		keys := crowdKeys("retried", 30)
 		results := cr.queue(keys)
 		cr.blocker()
-		for i, key := range keys {
-			r := <-results[i]
-			if want := "r-" + key + "#1"; r.err != nil || r.res != want {
-				t.Errorf("key %q: got %q, %v; want %q", key, r.res, r.err, want)
-			}
-			faultRuns(t, &cr.l, key, "[1]")
-		}
+		cr.ownResults(keys, results)
 		if cr.in.Hits() < 2 {
 			t.Fatalf("the reply was not dropped (%d hits)", cr.in.Hits())
 		}
@@ -364,11 +351,7 @@ func TestPipelineAfterScriptFlush(t *testing.T) {
 		results := cr.queue(keys)
 		b.do(t, "SCRIPT", "FLUSH")
 		cr.blocker()
-		for i, key := range keys {
-			if r := <-results[i]; r.err != nil || r.res != "r-"+key+"#1" {
-				t.Errorf("key %q: got %q, %v", key, r.res, r.err)
-			}
-		}
+		cr.ownResults(keys, results)
 		if cr.rec.find("evalsha claim", len(keys)) != 1 || cr.rec.find("eval claim", len(keys)) != 1 {
 			t.Errorf("want a pipeline of %d EVALSHA claims, then one of %d EVAL claims; sent %v", len(keys), len(keys), cr.rec)
 		}
@@ -380,36 +363,57 @@ func TestPipelineAfterScriptFlush(t *testing.T) {
 // caller gets its own key's result.
 func TestCrowdOnFewKeys(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		const callers, keys = 200, 50
-		cs := [2]*idem.Client{b.idem(t), b.idem(t)}
 		var (
-			l     ledger
-			o     owners
-			wg    sync.WaitGroup
-			wrong atomic.Int64
+			l ledger
+			o owners
 		)
-		start := make(chan struct{})
-		for i := range callers {
-			key := fmt.Sprintf("few-%02d", i%keys)
-			wg.Go(func() {
-				<-start
-				res, err := cs[i%2].Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
-					defer o.enter(ctx)()
-					l.add(ctx)
-					time.Sleep(time.Millisecond)
-					return []byte("result of " + key), nil
-				})
-				if err != nil || string(res) != "result of "+key {
-					wrong.Add(1)
-					t.Errorf("caller %d, key %q: got %q, %v", i, key, res, err)
-				}
-			})
-		}
-		close(start)
-		wg.Wait()
+		crowdOn(t, []*idem.Client{b.idem(t), b.idem(t)}, "few", 200, 50, time.Millisecond, &l, &o)
 		o.check(t)
-		for k := range keys {
-			faultRuns(t, &l, fmt.Sprintf("few-%02d", k), "[1]")
-		}
 	})
+}
+
+// crowdOn makes callers calls, behind a barrier, on keys keys (prefix-00,
+// prefix-01, ...) through cs in turn; each fn notes its run in l (and in
+// o, unless nil), takes work and returns "r-" and its key. It fails the
+// test unless every caller got its own key's result and fn ran once per
+// key.
+func crowdOn(t *testing.T, cs []*idem.Client, prefix string, callers, keys int, work time.Duration, l *ledger, o *owners) {
+	t.Helper()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range callers {
+		key := fmt.Sprintf("%s-%02d", prefix, i%keys)
+		wg.Go(func() {
+			<-start
+			res, err := cs[i%len(cs)].Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
+				if o != nil {
+					defer o.enter(ctx)()
+				}
+				l.add(ctx)
+				time.Sleep(work)
+				return []byte("r-" + key), nil
+			})
+			if err != nil || string(res) != "r-"+key {
+				t.Errorf("caller %d, key %q: got %q, %v", i, key, res, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for k := range keys {
+		faultRuns(t, l, fmt.Sprintf("%s-%02d", prefix, k), "[1]")
+	}
+}
+
+// ownResults fails the test unless each of keys' calls, whose results
+// queue returned, got its own key's result of attempt 1, fn running once.
+func (cr *crowd) ownResults(keys []string, results []chan callResult) {
+	cr.t.Helper()
+	for i, key := range keys {
+		r := <-results[i]
+		if want := "r-" + key + "#1"; r.err != nil || r.res != want {
+			cr.t.Errorf("key %q: got %q, %v; want %q", key, r.res, r.err, want)
+		}
+		faultRuns(cr.t, &cr.l, key, "[1]")
+	}
 }

@@ -77,14 +77,85 @@ func (r *runner) run(ctx context.Context, s script, keys []string, args []any) *
 // (notSentError); sent, with its context's error, which mayHaveRun counts
 // as a reply that may be lost, as for a single call cut by its deadline.
 // The pipeline runs on without it.
+//
+// A pipeline (or plain run) in flight for longer than slowSend stops
+// holding its place: a reply held up (a slow network, a paused server, a
+// large value) holds up the calls of its own pipeline, not every call
+// after it. Up to maxInFlight pipelines may then be in flight.
 type batcher struct {
 	rdb redis.UniversalClient
-	max int         // pipelines (or plain runs) in flight at most
+	max int         // pipelines (or plain runs) in flight at most, but slow ones
 	bg  *background // counts the senders, for Close
 
 	mu      sync.Mutex
 	senders int            // guarded by mu; pipelines (or plain runs) in flight
+	slow    int            // guarded by mu; of them, those in flight for longer than slowSend
 	queue   []*batchedCall // guarded by mu; calls waiting for a sender
+}
+
+const (
+	// slowSend is how long a pipeline may be in flight before it stops
+	// holding one of the max places (see batcher).
+	slowSend = 50 * time.Millisecond
+	// maxInFlight bounds the pipelines in flight, slow ones included.
+	maxInFlight = 64
+)
+
+// free reports whether a place is free for a pipeline. b.mu is held.
+func (b *batcher) free() bool {
+	return b.senders-b.slow < b.max && b.senders < maxInFlight
+}
+
+// A sendWatch marks a pipeline (or plain run) slow once it has been in
+// flight for slowSend, and then lets a new sender take the place it held.
+type sendWatch struct {
+	b     *batcher
+	t     *time.Timer
+	fired bool // guarded by b.mu
+	over  bool // guarded by b.mu
+}
+
+var sendWatches sync.Pool
+
+// watch starts watching a pipeline (or plain run) that starts now.
+func (b *batcher) watch() *sendWatch {
+	w, _ := sendWatches.Get().(*sendWatch)
+	if w == nil || w.b != b {
+		w = &sendWatch{b: b}
+		w.t = time.AfterFunc(slowSend, w.fire)
+		return w
+	}
+	w.fired, w.over = false, false
+	w.t.Reset(slowSend)
+	return w
+}
+
+func (w *sendWatch) fire() {
+	b := w.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w.over {
+		return
+	}
+	w.fired = true
+	b.slow++
+	if len(b.queue) > 0 && b.free() {
+		b.senders++
+		b.startSender()
+	}
+}
+
+// end ends the watch of a pipeline that is over. b.mu is held.
+func (w *sendWatch) end() {
+	w.over = true
+	stopped := w.t.Stop()
+	if w.fired {
+		w.b.slow--
+	}
+	if stopped || w.fired {
+		// fire will not run for this watch: it may serve another.
+		sendWatches.Put(w)
+	}
 }
 
 // batchedCall is one script run that waits in the queue.
@@ -116,16 +187,18 @@ func (e notSentError) Unwrap() error { return e.err }
 // run runs s with keys and args, alone or in a pipeline with other calls'.
 func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) *redis.Cmd {
 	b.mu.Lock()
-	if b.senders < b.max && len(b.queue) == 0 {
+	if b.free() && len(b.queue) == 0 {
 		b.senders++
 		b.mu.Unlock()
+		w := b.watch()
 		cmd := s.Run(ctx, b.rdb, keys, args...)
 		b.mu.Lock()
-		if len(b.queue) > 0 {
+		w.end()
+		b.senders--
+		if len(b.queue) > 0 && b.free() {
 			// Calls queued meanwhile: hand this place to a sender.
+			b.senders++
 			b.startSender()
-		} else {
-			b.senders--
 		}
 		b.mu.Unlock()
 		return cmd
@@ -140,7 +213,7 @@ func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) 
 	}
 	bc.ctx, bc.s, bc.keys, bc.args = ctx, s, keys, args
 	b.queue = append(b.queue, bc)
-	if b.senders < b.max {
+	if b.free() {
 		b.senders++
 		b.startSender()
 	}
@@ -235,7 +308,18 @@ func (b *batcher) sender() {
 			b.queue = b.queue[n:]
 		}
 		b.mu.Unlock()
+		w := b.watch()
 		b.send(batch)
+		b.mu.Lock()
+		w.end()
+		if b.senders-b.slow > b.max {
+			// This place was freed while the pipeline was slow, and
+			// taken: give it up.
+			b.senders--
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
 	}
 }
 

@@ -417,3 +417,42 @@ func (cr *crowd) ownResults(keys []string, results []chan callResult) {
 		faultRuns(cr.t, &cr.l, key, "[1]")
 	}
 }
+
+// A reply held up holds up only its own calls: once a pipeline (here the
+// plain run of the one place, WithPipelines(1)) has been in flight for a
+// while, it stops holding its place, and the calls behind it go on. Before,
+// every call waited for the held reply.
+func TestSlowReplyHoldsOnlyItsOwnCalls(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const hold = 5 * time.Second
+		faultLoadScripts(t, b)
+		in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "claim"), Nth: 1, Action: faultconn.DelayReply, Delay: hold})
+		rdb := b.client(t, func(o *redis.Options) {
+			o.Dialer = in.Dialer(b.addr)
+			o.ReadTimeout = 3 * hold
+		})
+		c := idem.New(rdb, idem.WithPipelines(1))
+		t.Cleanup(func() { _ = c.Close() })
+		var l ledger
+		slow := make(chan error, 1)
+		go func() {
+			_, err := c.Do(context.Background(), "slow", "fp", l.fn("slow"))
+			slow <- err
+		}()
+		eventually(t, 10*time.Second, "the slow claim written", func() bool { return in.Hits() >= 1 })
+		t0 := time.Now()
+		crowdOn(t, []*idem.Client{c}, "behind", 40, 20, 0, &l, nil)
+		if d := time.Since(t0); d > hold-time.Second {
+			t.Errorf("the calls behind the held reply took %v: they waited for it", d)
+		}
+		select {
+		case err := <-slow:
+			t.Fatalf("the held call returned (%v) before its reply", err)
+		default:
+		}
+		if err := <-slow; err != nil {
+			t.Fatalf("the held call: %v", err)
+		}
+		faultRuns(t, &l, "slow", "[1]")
+	})
+}

@@ -22,6 +22,7 @@ import (
 type runner struct {
 	rdb   redis.UniversalClient
 	max   int // pipelines in flight per batcher; 0: no batching
+	slow  time.Duration
 	bg    *background
 	one   batcher
 	cc    *redis.ClusterClient // a cluster's client, else nil
@@ -29,8 +30,8 @@ type runner struct {
 }
 
 func (r *runner) init(rdb redis.UniversalClient, max int, bg *background) {
-	r.rdb, r.max, r.bg = rdb, max, bg
-	r.one = batcher{rdb: rdb, max: max, bg: bg}
+	r.rdb, r.max, r.bg, r.slow = rdb, max, bg, slowSend
+	r.one = batcher{rdb: rdb, max: max, bg: bg, slow: r.slow}
 	r.cc, _ = rdb.(*redis.ClusterClient)
 }
 
@@ -52,7 +53,7 @@ func (r *runner) run(ctx context.Context, s script, keys []string, args []any) *
 	}
 	b, ok := r.nodes.Load(node)
 	if !ok {
-		b, _ = r.nodes.LoadOrStore(node, &batcher{rdb: r.cc, max: r.max, bg: r.bg})
+		b, _ = r.nodes.LoadOrStore(node, &batcher{rdb: r.cc, max: r.max, bg: r.bg, slow: r.slow})
 	}
 	return b.(*batcher).run(ctx, s, keys, args)
 }
@@ -83,14 +84,17 @@ func (r *runner) run(ctx context.Context, s script, keys []string, args []any) *
 // large value) holds up the calls of its own pipeline, not every call
 // after it. Up to maxInFlight pipelines may then be in flight.
 type batcher struct {
-	rdb redis.UniversalClient
-	max int         // pipelines (or plain runs) in flight at most, but slow ones
-	bg  *background // counts the senders, for Close
+	rdb  redis.UniversalClient
+	max  int           // pipelines (or plain runs) in flight at most, but slow ones
+	slow time.Duration // slowSend (tests change it)
+	bg   *background   // counts the senders, for Close
 
 	mu      sync.Mutex
 	senders int            // guarded by mu; pipelines (or plain runs) in flight
-	slow    int            // guarded by mu; of them, those in flight for longer than slowSend
+	slowNow int            // guarded by mu; of them, those in flight for longer than slow
 	queue   []*batchedCall // guarded by mu; calls waiting for a sender
+
+	watches sync.Pool // of *sendWatch, of this batcher, free
 }
 
 const (
@@ -103,7 +107,7 @@ const (
 
 // free reports whether a place is free for a pipeline. b.mu is held.
 func (b *batcher) free() bool {
-	return b.senders-b.slow < b.max && b.senders < maxInFlight
+	return b.senders-b.slowNow < b.max && b.senders < maxInFlight
 }
 
 // A sendWatch marks a pipeline (or plain run) slow once it has been in
@@ -115,18 +119,16 @@ type sendWatch struct {
 	over  bool // guarded by b.mu
 }
 
-var sendWatches sync.Pool
-
 // watch starts watching a pipeline (or plain run) that starts now.
 func (b *batcher) watch() *sendWatch {
-	w, _ := sendWatches.Get().(*sendWatch)
-	if w == nil || w.b != b {
+	w, _ := b.watches.Get().(*sendWatch)
+	if w == nil {
 		w = &sendWatch{b: b}
-		w.t = time.AfterFunc(slowSend, w.fire)
+		w.t = time.AfterFunc(b.slow, w.fire)
 		return w
 	}
 	w.fired, w.over = false, false
-	w.t.Reset(slowSend)
+	w.t.Reset(b.slow)
 	return w
 }
 
@@ -138,7 +140,7 @@ func (w *sendWatch) fire() {
 		return
 	}
 	w.fired = true
-	b.slow++
+	b.slowNow++
 	if len(b.queue) > 0 && b.free() {
 		b.senders++
 		b.startSender()
@@ -150,11 +152,11 @@ func (w *sendWatch) end() {
 	w.over = true
 	stopped := w.t.Stop()
 	if w.fired {
-		w.b.slow--
+		w.b.slowNow--
 	}
 	if stopped || w.fired {
 		// fire will not run for this watch: it may serve another.
-		sendWatches.Put(w)
+		w.b.watches.Put(w)
 	}
 }
 
@@ -312,7 +314,7 @@ func (b *batcher) sender() {
 		b.send(batch)
 		b.mu.Lock()
 		w.end()
-		if b.senders-b.slow > b.max {
+		if b.senders-b.slowNow > b.max {
 			// This place was freed while the pipeline was slow, and
 			// taken: give it up.
 			b.senders--

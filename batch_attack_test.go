@@ -148,6 +148,7 @@ func newPinned(t *testing.T, b *backend, pipe func([]redis.Cmder) bool, ro func(
 	rdb.AddHook(p.rec)
 	rdb.AddHook(p.g)
 	p.c = idem.New(rdb, append([]idem.Option{idem.WithPipelines(2)}, opts...)...)
+	idem.SetSlowPipeline(p.c, time.Hour) // held pipelines keep their places
 	t.Cleanup(func() { _ = p.c.Close() })
 	for i, key := range []string{"a", "b"} {
 		p.ab[i] = make(chan callResult, 1)
@@ -743,6 +744,7 @@ func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
 	rdb.AddHook(rec)
 	const lease = 1500 * time.Millisecond
 	c1 := idem.New(rdb, idem.WithLease(lease), idem.WithPipelines(1))
+	idem.SetSlowPipeline(c1, time.Hour) // the held pipeline keeps the one place
 	t.Cleanup(func() { _ = c1.Close() })
 	c2 := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
 	var (

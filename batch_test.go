@@ -120,6 +120,7 @@ func newCrowd(t *testing.T, b *backend, hold time.Duration, ro func(*redis.Optio
 	rdb.AddHook(cr.ctr)
 	rdb.AddHook(cr.rec)
 	cr.c = idem.New(rdb, idem.WithPipelines(1))
+	idem.SetSlowPipeline(cr.c, time.Hour) // the held place stays held
 	t.Cleanup(func() { _ = cr.c.Close() })
 	go func() {
 		_, err := cr.c.Do(context.Background(), "blocker", "fp", cr.l.fn("blocker"))

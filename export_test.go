@@ -103,3 +103,11 @@ func Queued(c *Client) int {
 	defer c.scripts.one.mu.Unlock()
 	return len(c.scripts.one.queue)
 }
+
+// SetSlowPipeline sets how long a pipeline of c's may be in flight before
+// it stops holding its place (50ms): tests that hold a pipeline and need
+// the calls behind it to stay queued set it long. Set it before c sends.
+func SetSlowPipeline(c *Client, d time.Duration) {
+	c.scripts.slow = d
+	c.scripts.one.slow = d
+}

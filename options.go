@@ -251,7 +251,8 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // script (up to 256): concurrent calls share round trips, and the server
 // and the client spend less on each call. Each call keeps its own reply,
 // its own errors and its own context: a call whose context ends while it
-// waits returns then. 0 turns this off: every script goes alone, on a
+// waits returns then. A pipeline in flight for 50ms stops counting against
+// n, so a reply held up holds up only its own calls. 0 turns this off: every script goes alone, on a
 // pooled connection of its own, as go-redis sends it. With WithReplicas,
 // claims and completions go alone, each followed by its WAIT. n must not
 // be negative.

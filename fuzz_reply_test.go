@@ -138,7 +138,9 @@ const maxLeaseMs = 1 << 40
 // parseClaim must accept, and how it must read it. Anything else is
 // malformed: an attempt number below 1 (attempts count from 1), a negative
 // lease, a busy lease with nothing left (busy means lu > now), a lease
-// longer than maxLeaseMs, wrong types or lengths.
+// longer than maxLeaseMs, wrong types or lengths. A busy reply may name
+// its owner's token (a string, as the scripts from this version on send
+// it; possibly empty, for a record made by hand).
 func wantClaim(v []any) (claimReply, bool) {
 	if len(v) == 0 {
 		return claimReply{}, false
@@ -150,6 +152,13 @@ func wantClaim(v []any) (claimReply, bool) {
 	r := claimReply{kind: kind[0]}
 	switch r.kind {
 	case 'c', 'b':
+		if r.kind == 'b' && len(v) == 4 {
+			owner, ok := v[3].(string)
+			if !ok {
+				return claimReply{}, false
+			}
+			r.owner, v = owner, v[:3]
+		}
 		if len(v) != 3 {
 			return claimReply{}, false
 		}
@@ -192,6 +201,11 @@ func FuzzClaimReply(f *testing.F) {
 		{"c", int64(1), int64(30000)},
 		{"c", int64(7), int64(0)},
 		{"b", int64(1500), int64(2)},
+		{"b", int64(1500), int64(2), "owner-token"},
+		{"b", int64(1500), int64(2), ""},
+		{"b", int64(1500), int64(2), int64(7)},
+		{"b", int64(1500), int64(2), "owner", "extra"},
+		{"c", int64(1), int64(30000), "owner"},
 		{"v", "malformed record"},
 		// Malformed: a claim comes back as an integer, a conflict as 0
 		// (see TestClaimResult).

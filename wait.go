@@ -23,8 +23,8 @@ const defaultFirstPoll = 25 * time.Millisecond
 // owner, or its budget ends: its context, and until, the end of its wait
 // (WithWait). The wait loop is the claim loop: pub/sub says when to claim
 // again, or carries the outcome of the owner the caller waits for (see
-// notified), as a claim would read it from the record. retry reports an outcome that in-process followers must not
-// share (see flights).
+// notified), as a claim would read it from the record. retry reports an
+// outcome that in-process followers must not share (see flights).
 //
 // Model: steps Claim, ClaimReply and RenewBeforeFn of process Caller in
 // model/idem.pml.

@@ -255,7 +255,7 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // n, so a reply held up holds up only its own calls. 0 turns this off: every script goes alone, on a
 // pooled connection of its own, as go-redis sends it. With WithReplicas,
 // claims and completions go alone, each followed by its WAIT. n must not
-// be negative.
+// be negative; at most 64 pipelines are in flight, slow ones included.
 // The default is 4.
 func WithPipelines(n int) Option {
 	return func(c *config) {

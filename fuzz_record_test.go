@@ -163,6 +163,7 @@ type fuzzRecord struct {
 	malformed string // why, if it is
 	st        string // p, r, d, f
 	fp        string
+	own       string // the owner's token
 	n         int64  // attempt number
 	mark      int64  // lease mark ("p", "r"): the PTTL at which the lease ends
 	payload   string // result or message ("d", "f")
@@ -198,6 +199,7 @@ func readString(s string) fuzzRecord {
 	if len(rest) < 1+ol {
 		return bad("own length")
 	}
+	r.own = rest[1 : 1+ol]
 	ns, tail, ok := strings.Cut(rest[1+ol:], ":")
 	if !ok {
 		return bad("no ':'")

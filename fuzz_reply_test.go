@@ -305,7 +305,7 @@ func FuzzFinished(f *testing.F) {
 		case fp != "" && rec.fp != "" && fp != rec.fp:
 			want = claimReply{kind: 'x'}
 		default:
-			want = claimReply{kind: rec.st[0], payload: rec.payload}
+			want = claimReply{kind: rec.st[0], payload: rec.payload, owner: rec.own}
 		}
 		if got != want {
 			t.Fatalf("readFinished(%q, %q) = %+v, want %+v", s, fp, got, want)

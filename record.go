@@ -19,7 +19,7 @@ type claimReply struct {
 	n         int64         // attempt number ('c', 'b')
 	leaseLeft time.Duration // ('c', 'b')
 	payload   string        // result ('d'), message ('f'), reason ('v')
-	owner     string        // the owner's token ('b'; "" from scripts before it was sent)
+	owner     string        // the owner's token: of the live lease ('b'; "" from scripts before it was sent), of the finished attempt ('d', 'f')
 }
 
 // claimRecord builds the record of a claim (see lua/record.lua): attempt n
@@ -115,7 +115,7 @@ func readFinished(s, fp string) claimReply {
 	if stored := s[3:fpEnd]; fp != "" && stored != "" && stored != fp {
 		return claimReply{kind: 'x'}
 	}
-	return claimReply{kind: s[1], payload: s[nStart+colon+1:]}
+	return claimReply{kind: s[1], payload: s[nStart+colon+1:], owner: s[fpEnd+1 : nStart]}
 }
 
 // notified reads a notification that complete.lua published (see there)
@@ -124,19 +124,8 @@ func readFinished(s, fp string) claimReply {
 // reads it) when it is a finished record of owner's attempt, else
 // ok=false: the waiter claims again.
 func notified(msg, fp, owner string) (r claimReply, ok bool) {
-	if owner == "" || len(msg) < 4 || msg[0] != '1' {
-		return claimReply{}, false
-	}
-	fpEnd := 3 + int(msg[2])
-	if fpEnd >= len(msg) {
-		return claimReply{}, false
-	}
-	ownEnd := fpEnd + 1 + int(msg[fpEnd])
-	if ownEnd > len(msg) || msg[fpEnd+1:ownEnd] != owner {
-		return claimReply{}, false
-	}
 	r = readFinished(msg, fp)
-	return r, r.kind == 'd' || r.kind == 'f'
+	return r, (r.kind == 'd' || r.kind == 'f') && owner != "" && r.owner == owner
 }
 
 // parseClaim reads the array replies of lua/claim.lua: claimed before

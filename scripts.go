@@ -78,9 +78,7 @@ func (c *Client) write(ctx context.Context, s script, keys []string, args ...any
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		m, err := cc.MasterForKey(ctx, keys[0])
 		if err != nil {
-			cmd := redis.NewCmd(ctx)
-			cmd.SetErr(err)
-			return cmd
+			return errCmd(ctx, err)
 		}
 		node = m
 	}

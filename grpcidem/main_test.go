@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -234,8 +233,6 @@ func (a answer) replayed() bool {
 	v := a.header.Get(grpcidem.HeaderReplayed)
 	return len(v) == 1 && v[0] == "true"
 }
-
-func (a answer) code() string { return status.Code(a.err).String() }
 
 // field returns a number field of the response.
 func (a answer) field(name string) float64 { return a.resp.GetFields()[name].GetNumberValue() }

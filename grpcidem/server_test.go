@@ -1004,3 +1004,21 @@ func TestWithHeader(t *testing.T) {
 		}
 	})
 }
+
+// Reason reads the ErrorInfo of the interceptor's statuses only.
+func TestReason(t *testing.T) {
+	other, err := status.New(codes.Unavailable, "x").WithDetails(&errdetails.ErrorInfo{Reason: grpcidem.ReasonInProgress, Domain: "example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"nil":          nil,
+		"plain":        errors.New(grpcidem.ReasonInProgress),
+		"no details":   status.Error(codes.Unavailable, grpcidem.ReasonInProgress),
+		"other domain": other.Err(),
+	} {
+		if got := grpcidem.Reason(err); got != "" {
+			t.Errorf("%s: Reason %q, want none", name, got)
+		}
+	}
+}

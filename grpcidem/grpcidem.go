@@ -35,6 +35,8 @@
 //	  (see WithDefiniteCodes)
 //	retry after a transient error status          the handler's       the handler runs again (not stored)
 //	key reused with another request               FailedPrecondition  ReasonKeyReused
+//	retry after the retention, outcome gone       FailedPrecondition  ReasonLateRetry
+//	  (only its tombstone: idem.WithTombstones)
 //	first call still running after the wait       Unavailable         ReasonInProgress, RetryInfo
 //	key empty, too long, not visible ASCII,       InvalidArgument     ReasonKeyInvalid
 //	  or sent twice
@@ -128,6 +130,13 @@
 // A handler that gives up because its context ended should return a
 // transient status (Canceled, Unavailable...), so that a retry runs it
 // again.
+//
+// To record the metadata it sets, the handler's context carries a
+// grpc.ServerTransportStream of the interceptor's, which passes every call
+// on to gRPC's own: grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer and
+// grpc.Method work as usual, but the experimental grpc.SetSendCompressor
+// and grpc.ClientSupportedCompressors, which need gRPC's own stream, fail
+// behind the interceptor.
 //
 // # Streaming RPCs
 //
@@ -276,7 +285,8 @@ func WithFingerprint(fingerprint func(ctx context.Context, fullMethod string, re
 // WithDefiniteCodes sets the error codes that are definite answers: a
 // handler's status with one of them is stored and replayed; any other is
 // transient, and the key is released (see the package documentation).
-// OK cannot be one.
+// OK cannot be one; with none, only errors marked idem.Permanent are
+// stored.
 // The default is InvalidArgument, NotFound, AlreadyExists,
 // PermissionDenied, FailedPrecondition and OutOfRange.
 func WithDefiniteCodes(definite ...codes.Code) Option {
@@ -513,6 +523,9 @@ func (cl *call) answerError(err error) error {
 	case errors.Is(err, idem.ErrConflict):
 		return s.fail(codes.FailedPrecondition, ReasonKeyReused,
 			"this "+s.cfg.header+" was used before with another request")
+	case errors.Is(err, idem.ErrLateRetry):
+		return s.fail(codes.FailedPrecondition, ReasonLateRetry,
+			"this "+s.cfg.header+" was used, and its outcome is no longer kept; use a new key for a new operation")
 	case errors.Is(err, idem.ErrInProgress):
 		return s.retryable(cl.ctx, ReasonInProgress,
 			"a call with this "+s.cfg.header+" is still being processed; retry later")

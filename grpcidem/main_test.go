@@ -38,6 +38,9 @@ func TestMain(m *testing.M) {
 type backend struct {
 	addr string
 	mr   *miniredis.Miniredis // nil for a real server
+
+	mu  sync.Mutex
+	now time.Time // miniredis's clock once advance moved it; guarded by mu
 }
 
 // eachBackend runs f against miniredis and against a real redis-server.
@@ -52,6 +55,23 @@ func eachBackend(t *testing.T, f func(t *testing.T, b *backend)) {
 	t.Run("redis", func(t *testing.T) {
 		f(t, &backend{addr: startRedis(t)})
 	})
+}
+
+// advance moves the backend's clock by d: miniredis's TTLs and TIME, or
+// the wall clock (a sleep) for a real server.
+func (b *backend) advance(d time.Duration) {
+	if b.mr == nil {
+		time.Sleep(d)
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.now.IsZero() {
+		b.now = time.Now()
+	}
+	b.now = b.now.Add(d)
+	b.mr.SetTime(b.now)
+	b.mr.FastForward(d)
 }
 
 // idem returns an idem.Client on a go-redis client of its own, as one

@@ -25,6 +25,9 @@ const Domain = "github.com/idem-go/idem/grpcidem"
 const (
 	// ReasonKeyReused: the key was used before with another request.
 	ReasonKeyReused = "KEY_REUSED"
+	// ReasonLateRetry: the key was used, and its outcome is no longer
+	// kept (its retention ended; see idem.WithTombstones).
+	ReasonLateRetry = "LATE_RETRY"
 	// ReasonInProgress: a call with the key is still running; retry later.
 	ReasonInProgress = "IN_PROGRESS"
 	// ReasonKeyInvalid: the key is empty, too long, not visible ASCII, or

@@ -2,8 +2,6 @@ module github.com/idem-go/idem/grpcidem
 
 go 1.26.8
 
-replace github.com/idem-go/idem => ../
-
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/idem-go/idem v0.0.0
@@ -24,3 +22,5 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
+
+replace github.com/idem-go/idem => ../

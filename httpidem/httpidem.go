@@ -27,6 +27,8 @@
 //	retry after a 2xx, 3xx or 4xx response        same    the stored response, Idempotent-Replayed: true
 //	retry after a 5xx response                    any     the handler runs again (5xx is not stored)
 //	key reused with another request               422     problem+json, ProblemKeyReused
+//	retry after the retention, response gone      410     problem+json, ProblemLateRetry
+//	  (only its tombstone: idem.WithTombstones)
 //	first request still running after the wait    409     problem+json, ProblemInProgress, Retry-After
 //	key empty, too long, not visible ASCII,       400     problem+json, ProblemKeyInvalid
 //	  or sent twice
@@ -43,6 +45,24 @@
 // title, the status and a detail. The handler is never run without a
 // claim, and a response is never replayed to a request it was not stored
 // for: with Redis down the answer is 503, not a guess.
+//
+// # Late retries: 410
+//
+// With idem.WithTombstones, a key outlives its stored response as a
+// tombstone; a retry that comes after the retention, when only the
+// tombstone is left, gets 410 Gone (ProblemLateRetry) and the handler does
+// not run again. The Idempotency-Key draft has no status for this, so the
+// choice is ours: 410 says that what the key named is gone for good, and
+// that asking again will not bring it back, as RFC 9110 defines it. Not
+// 422, which the draft gives a key reused with another request, a client's
+// bug to fix: a late retry is the same request, only late, and a distinct
+// status lets clients and dashboards tell the two apart without reading
+// the body. Not 409 or a 5xx, which say that a retry may succeed: it
+// cannot. A client that gets 410 should treat the operation as done and
+// look up its result elsewhere (a GET of the resource). 410 is cacheable by
+// default; the answer carries Cache-Control: no-store, as every problem
+// answer does. With another request under the key, a late retry gets 422
+// like any reuse.
 //
 // # What is stored and replayed
 //
@@ -435,6 +455,9 @@ func (m *middleware) answerError(w http.ResponseWriter, r *http.Request, err err
 	case errors.Is(err, idem.ErrConflict):
 		m.fail(w, ProblemKeyReused, http.StatusUnprocessableEntity,
 			"this "+m.cfg.header+" was used before with another request")
+	case errors.Is(err, idem.ErrLateRetry):
+		m.fail(w, ProblemLateRetry, http.StatusGone,
+			"this "+m.cfg.header+" was used, and its response is no longer kept; the request was not processed again")
 	case errors.Is(err, idem.ErrInProgress):
 		m.retryAfter(w)
 		m.fail(w, ProblemInProgress, http.StatusConflict,

@@ -21,6 +21,11 @@ const (
 	// (another fingerprint). The handler did not run. Use a new key for a
 	// new operation.
 	ProblemKeyReused = problemBase + "ProblemKeyReused"
+	// ProblemLateRetry (410): the key was used, and its response is no
+	// longer kept (its retention ended; only its tombstone is left, see
+	// idem.WithTombstones). The handler did not run again. Treat the
+	// operation as done; use a new key for a new operation.
+	ProblemLateRetry = problemBase + "ProblemLateRetry"
 	// ProblemInProgress (409): a request with the key is still running.
 	// The handler did not run for this one; retry after Retry-After seconds.
 	ProblemInProgress = problemBase + "ProblemInProgress"
@@ -55,6 +60,7 @@ var titles = map[string]string{
 	ProblemKeyMissing:   "Idempotency key missing",
 	ProblemKeyInvalid:   "Invalid idempotency key",
 	ProblemKeyReused:    "Idempotency key reused with another request",
+	ProblemLateRetry:    "Idempotency key used, response no longer kept",
 	ProblemInProgress:   "Request with this idempotency key in progress",
 	ProblemBodyTooLarge: "Request body too large",
 	ProblemBadRequest:   "Bad request",

@@ -25,7 +25,8 @@
 --                          (go-redis re-sends a script whose reply was
 --                          lost) answers with the lease left.
 --   {"t"}                  no record, but a tombstone with the caller's
---                          fingerprint: a late retry (with another, 0)
+--                          fingerprint: a late retry (with another, 0),
+--                          counted in <stem>:late (lua/tombstone.lua)
 --   record                 a finished record ("d" done, "f" failed), whole, as
 --                          a string: the caller reads it, checks the
 --                          fingerprint and cuts the outcome out. Nothing
@@ -40,7 +41,8 @@
 --   0                      conflict: the stored fingerprint differs.
 --   {"v", reason}          the record is not one this version understands.
 --
--- Nothing is written unless the caller claims, and then in one SET. A new
+-- No record is written unless the caller claims, and then in one SET (a
+-- late retry only counts itself, beside the tombstones). A new
 -- key costs one GET and that SET; a replay one GET. These usual answers
 -- come before the helpers of lua/record.lua, which are inserted below:
 -- defining them (Lua closures) costs every call that reaches them.
@@ -52,6 +54,17 @@ if not s then
     if v then
       if ARGV[7] ~= '' and v ~= '' and v ~= ARGV[7] then
         return 0
+      end
+      -- Count it, by day, beside the buckets (see lua/tombstone.lua).
+      local late, day = KEYS[2] .. ':late', math.floor(tombNow() / 86400000)
+      redis.call('HINCRBY', late, day, 1)
+      redis.call('PEXPIREAT', late, (day + TOMB_LATE_DAYS) * 86400000)
+      if redis.call('HLEN', late) > TOMB_LATE_DAYS then
+        for _, d in ipairs(redis.call('HKEYS', late)) do
+          if (tonumber(d) or 0) <= day - TOMB_LATE_DAYS then
+            redis.call('HDEL', late, d)
+          end
+        end
       end
       return {'t'}
     end

@@ -21,8 +21,15 @@
 -- bucket j is chosen by the field's first k+1 bits. Fields are never
 -- removed before their bucket expires (forgetting marks them), so a bucket
 -- that is not full never was: a reader stops there.
+--
+-- Late retries are counted beside the buckets, in the hash <base>:late (in
+-- the same slot): its fields are days since 1970 (UTC), its values the late
+-- retries claim.lua answered that day. It holds the last TOMB_LATE_DAYS
+-- days (older fields are dropped when a newer one is added), and expires
+-- that long after its last late retry; idemctl stats sums these hashes.
 
 local TOMB_FULL = 128
+local TOMB_LATE_DAYS = 8
 
 -- tombNow returns the server's time in milliseconds.
 local function tombNow()

@@ -79,6 +79,30 @@
 // are not kept, only 96-bit hashes of the keys and 64-bit hashes of the
 // fingerprints (keytable.go), about 21 bytes a request.
 //
+// # Two tiers: tombstones (-tombstones)
+//
+// With idem.WithTombstones, a finished record is kept for the retention R,
+// then only as a tombstone (digests of the key and fingerprint, 27 bytes of
+// Redis memory against a few hundred for a record) for T more: a retry
+// that finds only the tombstone is refused with ErrLateRetry instead of
+// running fn again. -tombstones models this (fast engine; tombstones.go,
+// pairs.go, held to the library by TestTombstonesAgree) and recommends
+// the cheapest pair (R, T). A request runs fn only when neither record nor
+// tombstone is left, which depends on the span R + T alone: so the pair's
+// span is the retention that meets -target on its own (the duplicates are
+// at most that retention's), and R is the shortest retention whose late
+// retries, the requests refused, are at most -late-target per operation
+// (0.001 by default: a refusal fails closed, the client learns that its
+// operation ran and its result is gone, but it is a failed request all
+// the same). The table shows, for the grid's retentions below the span
+// and that R, the late retries, the duplicates and the peak memory of
+// records and tombstones (-tombstone-bytes each: 27 measured on one
+// server, 50 on a Redis Cluster), beside the span alone; the pair is
+// recommended when it takes less memory than the span alone. Tombstones
+// live until the end of their bucket's time window, up to a quarter of
+// the span longer than asked: the model counts that in their memory and in
+// the retries they refuse, and does not count on it to meet -target.
+//
 // # Time
 //
 // On miniredis, time is virtual. The server's clock (miniredis SetTime) is

@@ -72,8 +72,18 @@ func (s recordSizes) of(p *Plan, op int32, i int32, finished bool) int64 {
 // fastPolicy replays plan with one retention and returns what it made of
 // it. opts.Progress, when not nil, is incremented as requests are replayed.
 func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts Options) (Result, error) {
+	return fastPair(ctx, plan, retention, 0, opts, nil)
+}
+
+// fastPair replays plan with one retention and, when tombstones > 0,
+// tombstones kept that long past it (idem.WithTombstones; see
+// tombstones.go), and returns what it made of it. With late not nil, it
+// appends the gap of every request refused as a late retry: the time from
+// the recording of its key's last run, in nanoseconds.
+func fastPair(ctx context.Context, plan *Plan, retention, tombstones time.Duration, opts Options, late *[]int64) (Result, error) {
 	res := Result{
 		Retention:   retention,
+		Tombstones:  tombstones,
 		Operations:  plan.Ops(),
 		Requests:    plan.Len(),
 		Retries:     plan.Len() - plan.Ops(),
@@ -85,6 +95,12 @@ func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts O
 		r:      int64(retention),
 		state:  make([]int64, plan.Ops()),
 		holder: make([]int32, plan.Ops()),
+	}
+	if tombstones > 0 {
+		sw.tomb = newTombRule(plan.Start, retention+tombstones)
+		sw.tombEnd = make([]int64, plan.Ops())
+		sw.recorded = make([]int64, plan.Ops())
+		sw.tombBytes = int64(opts.TombstoneBytes)
 	}
 	at, ops, fps := plan.At, plan.Op, plan.FP
 	const batch = 1 << 14
@@ -105,10 +121,16 @@ func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts O
 
 		op := ops[i]
 		switch s := sw.state[op]; {
-		case s == 0:
+		case s == 0 && (sw.tombEnd == nil || sw.tombEnd[op] <= t):
 			sw.claim(i, t)
 		case fps[i] != 0 && fps[sw.holder[op]] != 0 && fps[i] != fps[sw.holder[op]]:
 			res.Conflicts++
+		case s == 0:
+			// No record, but a tombstone: a late retry, refused.
+			res.LateRetries++
+			if late != nil {
+				*late = append(*late, t-sw.recorded[op])
+			}
 		case s < 0:
 			res.InProgress++
 		default:
@@ -124,6 +146,7 @@ func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts O
 	}
 	res.Duplicates = int(sw.runs) - plan.Ops()
 	res.PeakRecords, res.PeakBytes = int(sw.peakRecords), sw.peakBytes
+	res.PeakTombstones = int(sw.peakTombs)
 	return res, nil
 }
 
@@ -152,6 +175,20 @@ type sweep struct {
 
 	runs, live, peakRecords int64
 	bytes, peakBytes        int64
+
+	// With tombstones only (tombEnd nil without): tomb is the rule of
+	// their lifetimes; tombEnd[op] is when op's tombstone stops being
+	// found (0: it has none), recorded[op] when its last run's outcome was
+	// recorded; tombs holds the operations whose tombstones are live, in
+	// the order they end, which is the order they were written in (see
+	// tombRule.end). A key has at most one live tombstone: it runs again
+	// only once its tombstone is gone.
+	tomb              tombRule
+	tombEnd, recorded []int64
+	tombs             ring
+	tombBytes         int64 // bytes a tombstone is counted for
+	tombLive          int64
+	peakTombs         int64
 }
 
 // claim runs fn for request i at time t: a new record, finished at once or
@@ -170,6 +207,18 @@ func (sw *sweep) claim(i int32, t int64) {
 	sw.state[op] = t + sw.r
 	sw.expiring.push(i)
 	sw.bytes += sw.sizes.of(sw.plan, op, i, true)
+	sw.bury(op, t)
+}
+
+// bury leaves op's tombstone, as the recording of its outcome at t does.
+func (sw *sweep) bury(op int32, t int64) {
+	if sw.tombEnd == nil {
+		return
+	}
+	sw.tombEnd[op], sw.recorded[op] = sw.tomb.end(t), t
+	sw.tombs.push(op)
+	sw.tombLive++
+	sw.bytes += sw.tombBytes
 }
 
 // finish records the outcome of request i's fn at time t.
@@ -179,11 +228,17 @@ func (sw *sweep) finish(i int32, t int64) {
 	sw.state[op] = t + sw.r
 	sw.expiring.push(i)
 	sw.bytes += sw.sizes.of(sw.plan, op, i, true) - sw.sizes.of(sw.plan, op, i, false)
+	sw.bury(op, t)
 	sw.note()
 }
 
-// expireUntil removes the records whose time is up at t.
+// expireUntil removes the records and tombstones whose time is up at t.
 func (sw *sweep) expireUntil(t int64) {
+	for sw.tombs.len() > 0 && sw.tombEnd[sw.tombs.front()] <= t {
+		sw.tombs.pop()
+		sw.tombLive--
+		sw.bytes -= sw.tombBytes
+	}
 	for sw.expiring.len() > 0 {
 		i := sw.expiring.front()
 		op := sw.plan.Op[i]
@@ -201,6 +256,7 @@ func (sw *sweep) expireUntil(t int64) {
 func (sw *sweep) note() {
 	sw.peakRecords = max(sw.peakRecords, sw.live)
 	sw.peakBytes = max(sw.peakBytes, sw.bytes)
+	sw.peakTombs = max(sw.peakTombs, sw.tombLive)
 }
 
 // ring is a FIFO queue of request indexes.

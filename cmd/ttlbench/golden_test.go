@@ -37,6 +37,11 @@ func TestGolden(t *testing.T) {
 		{"redeliveries.txt", redeliveryArgs, exitOK},
 		{"redeliveries-target.txt", append([]string{"-target", "0.01"}, redeliveryArgs...), exitOK},
 		{"redeliveries-too-small.txt", append([]string{"-target", "0.001"}, redeliveryArgs...), exitOK},
+		// The two-tier policy: records, then tombstones (pairs.go).
+		{"checkout-tombstones.txt", append([]string{"-tombstones", "-late-target", "0.05"}, checkoutArgs...), exitOK},
+		{"redeliveries-tombstones.txt", append([]string{"-tombstones", "-target", "0.01", "-late-target", "0.01"}, redeliveryArgs...), exitOK},
+		{"redeliveries-tombstones.json", append([]string{"-json", "-tombstones", "-target", "0.01", "-late-target", "0.01"}, redeliveryArgs...), exitOK},
+		{"default-tombstones.txt", []string{"-tombstones"}, exitOK},
 		// The same trace read without -time-unit s: its seconds would be
 		// milliseconds of January 1970.
 		{"redeliveries-unit.stderr", redeliveryArgs[:2], exitUsage},

@@ -121,7 +121,17 @@ func study(ctx context.Context, cfg *config, plan *Plan, prog *progress) (*Repor
 		b := a.bootstrapKeys(policies, cfg.target, cfg.resamples, cfg.work.Seed)
 		bs = &b
 	}
-	return NewReport(plan, a, results, grid, searched, bs, cfg), nil
+	rep := NewReport(plan, a, results, grid, searched, bs, cfg)
+	if cfg.tombstones && searched >= 0 {
+		prog.phase("replaying with tombstones", "requests", 0)
+		opts.Progress = &prog.Done
+		ps, err := studyPairs(ctx, plan, opts, grid, searched, results[rep.Searched], cfg.lateTarget)
+		if err != nil {
+			return nil, err
+		}
+		rep.Pairs = ps
+	}
+	return rep, nil
 }
 
 // usage prints the help: what ttlbench does, then the flags.
@@ -190,6 +200,14 @@ finished record with a UUID key, a fingerprint and a 100-byte result holds
 taken after each write. Records change only at requests and recordings, so
 both peaks are exact, not sampled. Memory at steady state grows with
 -rate: scale it.
+
+Two tiers (-tombstones): records kept for a retention R, then tombstones
+(idem.WithTombstones) for T more, which refuse a late retry with
+ErrLateRetry instead of running fn again. The pair's span R + T is the
+retention that meets -target; R is the shortest retention whose late
+retries (refused requests) are at most -late-target per operation, and
+the pair is recommended when its peak memory, records plus tombstones of
+-tombstone-bytes each, is below the span's alone. Fast engine only.
 
 With -redis ADDR, time runs -time-scale times faster than the traffic's:
 retentions, the lease and the pauses between requests are divided by it,

@@ -32,6 +32,9 @@ type Options struct {
 	// TimeScale is how many times faster than virtual time a real Redis
 	// runs (at least 1).
 	TimeScale float64
+	// TombstoneBytes is the memory a tombstone is counted for (see
+	// tombstones.go).
+	TombstoneBytes int
 	// Progress, when not nil, is incremented as requests are replayed.
 	Progress *atomic.Int64
 }
@@ -45,6 +48,9 @@ const (
 // Result is what one retention policy made of a Plan.
 type Result struct {
 	Retention time.Duration
+	// Tombstones is how long tombstones were kept past the retention
+	// (idem.WithTombstones; fast engine only); 0: none.
+	Tombstones time.Duration
 	// Operations and Requests count the plan's operations and Do calls;
 	// Retries are the requests after an operation's first.
 	Operations, Requests, Retries int
@@ -55,10 +61,16 @@ type Result struct {
 	Replays, Conflicts, InProgress int
 	// Duplicates counts the runs of fn beyond the first for an operation.
 	Duplicates int
+	// LateRetries are requests that found no record but a tombstone, and
+	// were refused with ErrLateRetry (with Tombstones only).
+	LateRetries int
 	// PeakRecords and PeakBytes are the most records alive at once and the
 	// most bytes they held at once (see BytesMethod).
 	PeakRecords int
 	PeakBytes   int64
+	// PeakTombstones is the most tombstones alive at once; PeakBytes
+	// counts them at Options.TombstoneBytes each.
+	PeakTombstones int
 	// BytesMethod says how bytes were measured.
 	BytesMethod string
 }

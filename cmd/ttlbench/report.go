@@ -72,6 +72,10 @@ type Report struct {
 	Ops int
 	// Floor is the shortest retention searched: the lease.
 	Floor time.Duration
+	// TwoTier is set with -tombstones; Pairs is then their study, nil when
+	// no retention was searched (see pairs.go).
+	TwoTier bool
+	Pairs   *pairStudy
 }
 
 // survivalPoint is a point of the gaps' survival curve: the share of later
@@ -97,6 +101,7 @@ func NewReport(plan *Plan, a *analysis, results []Result, grid []time.Duration, 
 		Arrivals: plan.Arrivals(),
 		Ops:      plan.Ops(),
 		Floor:    opts.Lease,
+		TwoTier:  cfg.tombstones,
 	}
 	later := plan.Len() - plan.Ops()
 	r.Traffic = fmt.Sprintf("%s of traffic: %d requests for %d operations", roughDuration(plan.Span()), plan.Len(), plan.Ops())
@@ -239,6 +244,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Results) > 0 {
 		b.WriteString(bytesNote(r.Results[0].BytesMethod) + "\n")
 	}
+	switch {
+	case r.Pairs != nil:
+		if err := r.Pairs.write(&b); err != nil {
+			return err
+		}
+	case r.TwoTier:
+		b.WriteString("\ntwo tiers (-tombstones): none: no retention was recommended, so there is no span for tombstones to fill\n")
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -359,15 +372,16 @@ type jsonResult struct {
 // jsonSummary is the last line of -json output.
 type jsonSummary struct {
 	Summary struct {
-		Target          float64  `json:"target"`
-		Operations      int      `json:"operations"`
-		TooSmall        bool     `json:"too_small"`
-		Recommended     string   `json:"recommended,omitempty"`
-		RecommendedMS   int64    `json:"recommended_ms,omitempty"`
-		RetentionLowMS  *int64   `json:"retention_low_ms,omitempty"`
-		RetentionHighMS *int64   `json:"retention_high_ms,omitempty"`
-		Resamples       int      `json:"resamples"`
-		Gaps            jsonGaps `json:"gaps"`
+		Target          float64          `json:"target"`
+		Operations      int              `json:"operations"`
+		TooSmall        bool             `json:"too_small"`
+		Recommended     string           `json:"recommended,omitempty"`
+		RecommendedMS   int64            `json:"recommended_ms,omitempty"`
+		RetentionLowMS  *int64           `json:"retention_low_ms,omitempty"`
+		RetentionHighMS *int64           `json:"retention_high_ms,omitempty"`
+		Resamples       int              `json:"resamples"`
+		Gaps            jsonGaps         `json:"gaps"`
+		Pairs           *jsonPairSummary `json:"pairs,omitempty"`
 	} `json:"summary"`
 }
 
@@ -412,8 +426,16 @@ func (r *Report) WriteJSON(w io.Writer) error {
 			return err
 		}
 	}
+	if r.Pairs != nil {
+		if err := r.Pairs.writeJSON(enc); err != nil {
+			return err
+		}
+	}
 	var s jsonSummary
 	m := &s.Summary
+	if r.Pairs != nil {
+		m.Pairs = r.Pairs.summary()
+	}
 	m.Target, m.Operations, m.TooSmall, m.Resamples = r.Target, r.Ops, r.TooSmall, r.Resamples
 	if i := r.recommended(); i >= 0 {
 		m.Recommended = shortDuration(r.Results[i].Retention)

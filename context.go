@@ -82,13 +82,17 @@ type attemptCtx struct {
 	// deadline is the owner's lease deadline, in monotonic nanoseconds
 	// (mono); renewals move it later.
 	deadline atomic.Int64
+	steps    steps // of Step, in this attempt
 }
 
-// Value returns a *Attempt for attemptKey: a pointer into c, which costs no
-// allocation as an interface value would.
+// Value returns a *Attempt for attemptKey, and a *steps for stepsKey:
+// pointers into c, which cost no allocation as interface values would.
 func (c *attemptCtx) Value(key any) any {
-	if _, ok := key.(attemptKey); ok {
+	switch key.(type) {
+	case attemptKey:
 		return &c.a
+	case stepsKey:
+		return &c.steps
 	}
 	return c.Context.Value(key)
 }

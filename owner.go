@@ -116,6 +116,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	}{ctx: attemptCtx{Context: cctx, a: Attempt{Key: key, Number: n}, cancel: cancel}}
 	fctx := &o.ctx
 	fctx.deadline.Store(deadline)
+	fctx.steps.init(c, key, keys[0], token, n)
 	o.lease = renewal{ctx: fctx, keys: keys[:1], token: token,
 		due: monoBase.Add(time.Duration(deadline) - 2*c.renewals.every)}
 	c.renewals.start(&o.lease)
@@ -126,6 +127,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 			// fn panicked (the panic goes on to the caller) or called
 			// runtime.Goexit (t.FailNow does): stop renewing, give the
 			// claim back, and let either go on.
+			fctx.steps.end()
 			c.renewals.stop(&o.lease)
 			c.observeRelease(fctx, key)
 			c.release(ctx, keys, token)
@@ -133,6 +135,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	}()
 	res, err = fn(fctx)
 	returned = true
+	fctx.steps.end()
 	c.renewals.stop(&o.lease)
 
 	if err != nil && !IsPermanent(err) {

@@ -25,12 +25,15 @@ var (
 	renewSrc string
 	//go:embed lua/status.lua
 	statusSrc string
+	//go:embed lua/step.lua
+	stepSrc string
 
 	claimScript    = newScript(claimSrc)
 	completeScript = newScript(completeSrc)
 	releaseScript  = newScript(releaseSrc)
 	renewScript    = newScript(renewSrc)
 	statusScript   = newScript(statusSrc)
+	stepScript     = newScript(stepSrc)
 )
 
 // script is a Lua script with its source at hand, for the pipelined EVAL

@@ -93,7 +93,7 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	}
 	max := s.c.cfg.maxResultSize
 	if len(b) > max {
-		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("idem: step %q: %w", name, tooLarge(len(b), max))))
+		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w (step %q)", tooLarge(len(b), max), name)))
 	}
 	cp := make([]byte, 0, 1+len(b))
 	cp = append(append(cp, checkpointDone), b...)
@@ -101,8 +101,8 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	case err != nil:
 		return v, err
 	case r == stepOverTotal:
-		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("idem: step %q: %w: the operation's checkpoints would take more than %d bytes",
-			name, ErrTooLarge, stepsTotal*max)))
+		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w: step %q: the operation's checkpoints would take more than %d bytes",
+			ErrTooLarge, name, stepsTotal*max)))
 	}
 	return v, nil
 }
@@ -236,7 +236,7 @@ func (s *steps) load(ctx context.Context, name string) (cp string, found bool, e
 		return v, true, nil
 	case int64:
 		if v == stepNotOwner {
-			return "", false, fmt.Errorf("idem: step %q not run: %w: another attempt owns the operation now", name, ErrLeaseLost)
+			return "", false, fmt.Errorf("%w: step %q not run: another attempt owns the operation now", ErrLeaseLost, name)
 		}
 	}
 	return "", false, fmt.Errorf("idem: step %q: unexpected reply %v from the step script", name, v)
@@ -268,13 +268,13 @@ func (s *steps) store(ctx context.Context, name string, cp []byte, limit int) (i
 		case err == nil && (r == stepStored || r == stepOverTotal):
 			return r, nil
 		case err == nil && r == stepNotOwner:
-			return r, fmt.Errorf("idem: step %q: %w: another attempt owns the operation now; the step's checkpoint was not stored", name, ErrLeaseLost)
+			return r, fmt.Errorf("%w: step %q: another attempt owns the operation now; the step's checkpoint was not stored", ErrLeaseLost, name)
 		case err == nil && r == stepTaken:
-			return r, fmt.Errorf("idem: step %q: %w: another checkpoint is stored under its name", name, ErrNotRecorded)
+			return r, fmt.Errorf("%w: step %q: another checkpoint is stored under its name", ErrNotRecorded, name)
 		case err == nil:
-			return r, fmt.Errorf("idem: step %q: %w: unexpected reply %d from the step script", name, ErrNotRecorded, r)
+			return r, fmt.Errorf("%w: step %q: unexpected reply %d from the step script", ErrNotRecorded, name, r)
 		case errors.Is(err, ErrNotReplicated):
-			return r, fmt.Errorf("idem: step %q: %w: %w", name, ErrNotRecorded, err)
+			return r, fmt.Errorf("%w: step %q: %w", ErrNotRecorded, name, err)
 		}
 		if lastErr == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 			lastErr = err
@@ -283,7 +283,7 @@ func (s *steps) store(ctx context.Context, name string, cp []byte, limit int) (i
 		select {
 		case <-dctx.Done():
 			t.Stop()
-			return 0, fmt.Errorf("idem: step %q: %w: its checkpoint, after %d tries: %w", name, ErrNotRecorded, try+1, lastErr)
+			return 0, fmt.Errorf("%w: step %q: its checkpoint, after %d tries: %w", ErrNotRecorded, name, try+1, lastErr)
 		case <-t.C:
 		}
 		pause = min(2*pause, time.Second)

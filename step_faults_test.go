@@ -45,6 +45,14 @@ func reserveAndCharge(runs *stepRuns, own *owners, entered, release chan struct{
 			return fmt.Sprint("ch#", a.Number), nil
 		})
 		if err != nil {
+			// A step after a lost lease does not start.
+			_, nerr := idem.Step(ctx, "notify", func(ctx context.Context) (bool, error) {
+				runs.add(ctx, "notify")
+				return true, nil
+			})
+			if !errors.Is(nerr, idem.ErrLeaseLost) || !strings.Contains(nerr.Error(), `"notify" not run`) {
+				return "", fmt.Errorf("a step after the lease was lost: %v, want ErrLeaseLost, not run", nerr)
+			}
 			return "", err
 		}
 		return r + " " + c, nil
@@ -113,6 +121,9 @@ func TestStepTakeoverAfterLostLease(t *testing.T) {
 	}
 	if n := runs.count("k", "reserve"); n != 1 {
 		t.Fatalf("step reserve ran %d times, want 1", n)
+	}
+	if n := runs.count("k", "notify"); n != 0 {
+		t.Fatalf("step notify ran %d times after the lease was lost", n)
 	}
 	if n := runs.count("k", "charge"); n != 2 {
 		t.Fatalf("step charge ran %d times, want 2 (the stale owner's and attempt 2's)", n)
@@ -197,6 +208,9 @@ func TestStepCheckpointNotStored(t *testing.T) {
 	v, err := idem.Do(ctx, b.idem(t), "k", "", fn)
 	if err != nil || v != "ch" {
 		t.Fatalf("attempt 2: got %q, %v", v, err)
+	}
+	if n := runs.count("k", "notify"); n != 0 {
+		t.Fatalf("step notify ran %d times after the lease was lost", n)
 	}
 	if n := runs.count("k", "charge"); n != 2 {
 		t.Fatalf("step charge ran %d times, want 2", n)

@@ -421,32 +421,39 @@ func TestStepFrom(t *testing.T) {
 // every step again.
 func TestForgetRemovesSteps(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
-		ctx := context.Background()
-		var runs stepRuns
-		var fail atomic.Bool
-		fail.Store(true)
-		if _, err := idem.Do(ctx, c, "k", "", debitSteps(&runs, &fail)); err == nil {
-			t.Fatal("attempt 1 succeeded")
-		}
-		stepsKey := idem.RecordKey(c, "k") + ":steps"
-		if n := b.client(t).Exists(ctx, stepsKey).Val(); n != 1 {
-			t.Fatalf("no checkpoints at %s", stepsKey)
-		}
-		if err := c.Forget(ctx, "k"); err != nil {
-			t.Fatal(err)
-		}
-		if n := b.client(t).Exists(ctx, stepsKey).Val(); n != 0 {
-			t.Fatalf("Forget left the checkpoints")
-		}
-		fail.Store(false)
-		if _, err := idem.Do(ctx, c, "k", "", debitSteps(&runs, &fail)); err != nil {
-			t.Fatal(err)
-		}
-		if n := runs.count("k", "reserve"); n != 2 {
-			t.Fatalf("step reserve ran %d times after Forget, want 2", n)
-		}
+		t.Run("plain", func(t *testing.T) { testForgetRemovesSteps(t, b, b.idem(t)) })
+		t.Run("tombstones", func(t *testing.T) { testForgetRemovesSteps(t, b, b.idem(t, idem.WithTombstones(time.Hour))) })
 	})
+}
+
+func testForgetRemovesSteps(t *testing.T, b *backend, c *idem.Client) {
+	ctx := context.Background()
+	var runs stepRuns
+	var fail atomic.Bool
+	fail.Store(true)
+	if _, err := idem.Do(ctx, c, "k", "", debitSteps(&runs, &fail)); err == nil {
+		t.Fatal("attempt 1 succeeded")
+	}
+	stepsKey := idem.RecordKey(c, "k") + ":steps"
+	if n := b.client(t).Exists(ctx, stepsKey).Val(); n != 1 {
+		t.Fatalf("no checkpoints at %s", stepsKey)
+	}
+	if err := c.Forget(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.client(t).Exists(ctx, stepsKey).Val(); n != 0 {
+		t.Fatalf("Forget left the checkpoints")
+	}
+	fail.Store(false)
+	if _, err := idem.Do(ctx, c, "k", "", debitSteps(&runs, &fail)); err != nil {
+		t.Fatal(err)
+	}
+	if n := runs.count("k", "reserve"); n != 2 {
+		t.Fatalf("step reserve ran %d times after Forget, want 2", n)
+	}
+	if err := c.Forget(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // The checkpoints never outlive the record: their TTL is set to the

@@ -60,6 +60,14 @@
 // system's own idempotency mechanism, and use Attempt.Number as a fencing
 // token (or a cue to reconcile) when it is greater than 1.
 //
+// # Steps
+//
+// An fn of several effects wraps each in Step: a step's outcome is
+// checkpointed beside the record (compare-and-set on the owner token), and
+// a later attempt resumes after the last checkpointed step. StepKey gives
+// each step a stable key for the downstream system, which alone covers a
+// step that acted and crashed before its checkpoint. See docs/steps.md.
+//
 // # Redis
 //
 // New takes any go-redis UniversalClient: a single server, Sentinel

@@ -19,7 +19,32 @@
 //	idem.owned.duration  histogram  seconds a call owned the key: fn's run time plus recording
 //	idem.takeovers       counter    claims of a key from an earlier attempt (attempt > 1)
 //	idem.lease_losses    counter    calls whose fn ran but lost its lease
+//	idem.replay.age      histogram  seconds from an outcome's recording to a replay of it:
+//	                                how late retries come (see below)
+//	idem.late_retries    counter    calls refused as late retries (idem.ErrLateRetry):
+//	                                the outcome's retention had ended, its tombstone was left
 //
+// # Is the retention long enough?
+//
+// idem.replay.age shows how long after an operation's outcome was
+// recorded its retries come; compare its high quantiles with the Client's
+// retention (idem.WithRetention). In Prometheus, the age within which
+// 99.99% of replays came, over a week:
+//
+//	histogram_quantile(0.9999, sum by (le) (rate(idem_replay_age_seconds_bucket[7d])))
+//
+// A retry later than the retention finds no record and runs fn again,
+// which no metric can see; with idem.WithTombstones it is refused instead,
+// and counted in idem.late_retries: any increase means the retention was
+// outrun (increase(idem_late_retries_total[1d]) > 0). Replays are timed
+// when the call read the record from Redis: one that shared a concurrent
+// call's outcome, or woke to the owner's notification, records no age.
+// The buckets (WithAgeBuckets) run from a second to 30 days by default.
+//
+// idem.late_retries is exported at zero from New on, so that a rule on it
+// has a series to read before the first late retry; a histogram has no
+// series until its first measurement (OpenTelemetry exports no empty
+// histogram).
 // Traces: a span "idem.Do" per call, started before the claim, so that
 // what fn does nests under it, and ended with the attributes idem.outcome,
 // idem.attempt and idem.key.digest (the keyed digest of idem.Event.Key,
@@ -31,6 +56,9 @@ package otelidem
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"time"
 
 	"github.com/idem-go/idem"
 	"go.opentelemetry.io/otel"
@@ -51,6 +79,9 @@ const (
 	AttrAttempt = attribute.Key("idem.attempt")
 	// AttrKeyDigest is the key's keyed digest, idem.Event.Key (spans only).
 	AttrKeyDigest = attribute.Key("idem.key.digest")
+	// AttrReplayAge is, for a replay, the age of its outcome in seconds,
+	// idem.Event.Age (spans only; absent when unknown).
+	AttrReplayAge = attribute.Key("idem.replay.age")
 )
 
 // Observer records the events of idem Clients as metrics and spans. It is
@@ -63,6 +94,8 @@ type Observer struct {
 	owned       metric.Float64Histogram
 	takeovers   metric.Int64Counter
 	leaseLosses metric.Int64Counter
+	age         metric.Float64Histogram
+	lateRetries metric.Int64Counter
 	// byOutcome holds the metric option of each outcome's attribute,
 	// made once: an event then costs no allocation of its own for it.
 	byOutcome map[idem.EventKind]metric.MeasurementOption
@@ -77,8 +110,10 @@ var (
 type Option func(*config)
 
 type config struct {
-	mp metric.MeterProvider
-	tp trace.TracerProvider
+	mp         metric.MeterProvider
+	tp         trace.TracerProvider
+	ageBuckets []float64 // seconds
+	problems   []string
 }
 
 // WithMeterProvider sets where metrics go.
@@ -93,16 +128,44 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tp = tp }
 }
 
+// WithAgeBuckets sets the upper bounds of idem.replay.age's buckets, in
+// increasing order, all positive. Put bounds near the retention
+// (idem.WithRetention) and below it, where the question is.
+// The default is 1s, 10s, 1m, 5m, 15m, 30m, 1h, 2h, 3h, 6h, 12h, 24h, 2d,
+// 3d, 7d, 14d and 30d.
+func WithAgeBuckets(bounds ...time.Duration) Option {
+	return func(c *config) {
+		c.ageBuckets = nil
+		for i, b := range bounds {
+			if b <= 0 || i > 0 && b <= bounds[i-1] {
+				c.problems = append(c.problems, fmt.Sprintf("WithAgeBuckets: bounds must be positive and increasing, got %v", bounds))
+				return
+			}
+			c.ageBuckets = append(c.ageBuckets, b.Seconds())
+		}
+		if len(bounds) == 0 {
+			c.problems = append(c.problems, "WithAgeBuckets: no bounds")
+		}
+	}
+}
+
 // durationBuckets are the histograms' bucket bounds, in seconds: from a
 // replay's millisecond to a long fn's minutes.
 var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
 
+// ageBuckets are idem.replay.age's default bucket bounds, in seconds: from
+// a client's quick retry to a month-old redelivery.
+var ageBuckets = []float64{1, 10, 60, 300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 2 * 86400, 3 * 86400, 7 * 86400, 14 * 86400, 30 * 86400}
+
 // New returns an Observer that records with the providers of opts. It
-// fails only if an instrument cannot be created.
+// fails if an option is invalid or an instrument cannot be created.
 func New(opts ...Option) (*Observer, error) {
-	cfg := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider()}
+	cfg := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider(), ageBuckets: ageBuckets}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if len(cfg.problems) > 0 {
+		return nil, fmt.Errorf("otelidem: %s", strings.Join(cfg.problems, "; "))
 	}
 	m := cfg.mp.Meter(ScopeName)
 	o := &Observer{tracer: cfg.tp.Tracer(ScopeName), byOutcome: map[idem.EventKind]metric.MeasurementOption{}}
@@ -128,9 +191,18 @@ func New(opts ...Option) (*Observer, error) {
 	o.duration = newHist("idem.call.duration", "Duration of calls of idem's Do, by outcome.")
 	o.wait = newHist("idem.wait.duration", "Time calls waited for another owner of their key.")
 	o.owned = newHist("idem.owned.duration", "Time calls owned their key: fn's run time plus recording its outcome.")
+	o.lateRetries = newCounter("idem.late_retries", "{call}",
+		"Calls refused as late retries (ErrLateRetry): the outcome's retention had ended and its tombstone was left; fn did not run.")
+	if err == nil {
+		o.age, err = m.Float64Histogram("idem.replay.age", metric.WithUnit("s"),
+			metric.WithDescription("Time from the recording of an outcome to a replay of it: compare with the retention."),
+			metric.WithExplicitBucketBoundaries(cfg.ageBuckets...))
+	}
 	if err != nil {
 		return nil, err
 	}
+	// A series at zero from the start, for alerts on its increase.
+	o.lateRetries.Add(context.Background(), 0)
 	for k := idem.EventKind(1); k.Outcome() || k == idem.EventWaited || k == idem.EventTookOver; k++ {
 		o.byOutcome[k] = metric.WithAttributeSet(attribute.NewSet(AttrOutcome.String(k.String())))
 	}
@@ -174,13 +246,21 @@ func (o *Observer) Observe(ctx context.Context, e idem.Event) {
 	if e.Kind.Ran() {
 		o.owned.Record(ctx, e.Owned.Seconds())
 	}
-	if e.Kind == idem.EventLeaseLost {
+	switch {
+	case e.Kind == idem.EventLeaseLost:
 		o.leaseLosses.Add(ctx, 1)
+	case e.Kind == idem.EventLateRetry:
+		o.lateRetries.Add(ctx, 1)
+	case e.Kind == idem.EventReplayed && e.Age > 0:
+		o.age.Record(ctx, e.Age.Seconds())
 	}
 	if span == nil {
 		return
 	}
 	span.SetAttributes(AttrOutcome.String(e.Kind.String()), AttrAttempt.Int64(e.Attempt), AttrKeyDigest.String(e.Key))
+	if e.Age > 0 {
+		span.SetAttributes(AttrReplayAge.Float64(e.Age.Seconds()))
+	}
 	if e.Err != nil {
 		span.SetStatus(codes.Error, e.Kind.String())
 	}

@@ -124,7 +124,7 @@ func TestMetricsAndSpans(t *testing.T) {
 	sums, hists := collect(t, reader)
 	wantSums := map[string]int64{
 		"idem.calls/executed": 2, "idem.calls/replayed": 2, "idem.calls/conflict": 1, "idem.calls/released": 1,
-		"idem.takeovers/": 1,
+		"idem.takeovers/": 1, "idem.late_retries/": 0,
 	}
 	for k, v := range wantSums {
 		if sums[k] != v {

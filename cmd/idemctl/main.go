@@ -59,7 +59,9 @@ Commands:
   stats        scan every record under the prefix (SCAN, read-only): records
                by state, attempts above 1, value bytes (STRLEN), memory
                (MEMORY USAGE, sampled in large keyspaces), TTLs, the biggest
-               records; a progress line on a terminal
+               records; the ages of finished records (-retention), and with
+               idem.WithTombstones, the tombstones and the late retries they
+               refused, by day; a progress line on a terminal
   check        check that Redis can keep idem's promises (idem's Client.Check):
                problems, each with what to change, and notes on persistence
                and replication
@@ -82,6 +84,9 @@ type options struct {
 	top     int
 	sample  int
 	batch   int
+	// retention is the Client's (idem.WithRetention), for stats' record
+	// ages; 0: infer it.
+	retention time.Duration
 }
 
 // quietLogger silences go-redis's own log (failed dials, retries): idemctl
@@ -125,6 +130,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.top, "top", 10, "stats: how many of the biggest records to list")
 	fs.IntVar(&o.sample, "sample", 10000, "stats: about how many records to measure with MEMORY USAGE")
 	fs.IntVar(&o.batch, "batch", 1000, "stats: keys asked of SCAN at a time (its COUNT), and read in one pipeline")
+	fs.DurationVar(&o.retention, "retention", 0, "stats: the Clients' retention (idem.WithRetention), for the records' ages; 0: the longest TTL left of a finished record")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -171,6 +177,8 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return usagef("-prefix %q: must be non-empty and without '{' or '}'", o.prefix)
 	case o.top < 0 || o.sample < 0 || o.batch < 1:
 		return usagef("-top and -sample must not be negative, and -batch must be positive")
+	case o.retention < 0:
+		return usagef("-retention %v: must not be negative", o.retention)
 	}
 	rdb, err := connect(o)
 	if err != nil {

@@ -112,11 +112,16 @@ type tally struct {
 	Biggest      []bigRecord      `json:"biggest"`
 	Servers      int              `json:"servers"`
 	Seconds      float64          `json:"seconds"`
+	// Ages are the finished records' (nil with none); Tombstones those
+	// under the prefix, with the late retries they refused.
+	Ages       *recordAges     `json:"record_ages,omitempty"`
+	Tombstones *tombstoneStats `json:"tombstones"`
 
 	bytesCounts []int64
 	ttlCounts   []int64
 	samples     []int64 // MEMORY USAGE of the sampled records
 	top         topN
+	ages        ageTally
 }
 
 type bucket struct {
@@ -147,6 +152,7 @@ func newTally(top int) *tally {
 		bytesCounts: make([]int64, len(byteBounds)+1),
 		ttlCounts:   make([]int64, len(ttlBounds)+1),
 		top:         topN{n: top},
+		Tombstones:  &tombstoneStats{LateByDay: map[string]int64{}},
 	}
 }
 
@@ -168,6 +174,9 @@ func (t *tally) add(r record) {
 		t.ttlCounts[i]++
 	}
 	t.top.offer(r)
+	if r.state == stDone || r.state == stFailed {
+		t.ages.add(r.pttl)
+	}
 }
 
 // merge adds o's counts to t.
@@ -191,10 +200,15 @@ func (t *tally) merge(o *tally) {
 	for _, r := range o.top.h {
 		t.top.offer(r)
 	}
+	t.ages.merge(&o.ages)
+	t.Tombstones.merge(o.Tombstones)
 }
 
-// finish computes the summaries from the counts.
-func (t *tally) finish() {
+// finish computes the summaries from the counts; retention is the
+// Client's (0: unknown).
+func (t *tally) finish(retention time.Duration) {
+	t.Ages = t.ages.result(retention)
+	t.Tombstones.finish()
 	for i, n := range t.bytesCounts {
 		b := bucket{Count: n}
 		if i < len(byteBounds) {
@@ -288,7 +302,7 @@ func stats(ctx context.Context, o options, rdb redis.UniversalClient, out *print
 	if err != nil {
 		return fmt.Errorf("stats: %w", err)
 	}
-	total.finish()
+	total.finish(o.retention)
 	total.Seconds = time.Since(start).Seconds()
 	if out.json {
 		return out.object(total)
@@ -312,22 +326,28 @@ func scanNode(ctx context.Context, o options, node *redis.Client, scanned *atomi
 	} else if dbsize > int64(o.sample) {
 		every = (dbsize + int64(o.sample) - 1) / int64(o.sample)
 	}
-	match := globEscape(o.prefix) + ":{*"
+	// Finished records' TTLs, for their ages: about 10,000 of them.
+	t.ages.every = max(1, dbsize/10000)
+	match := globEscape(o.prefix) + ":*"
 	var (
-		cursor uint64
-		seen   int64
+		cursor    uint64
+		seen      int64
+		seenTombs int64
 	)
 	for {
 		keys, next, err := node.Scan(ctx, cursor, match, int64(o.batch)).Result()
 		if err != nil {
 			return nil, err
 		}
-		keys = records(keys)
-		if len(keys) > 0 {
-			if err := readBatch(ctx, node, keys, t, &seen, every); err != nil {
+		recs, buckets, late := classify(o.prefix, keys)
+		if len(recs) > 0 {
+			if err := readBatch(ctx, node, recs, t, &seen, every); err != nil {
 				return nil, err
 			}
-			scanned.Add(int64(len(keys)))
+			scanned.Add(int64(len(recs)))
+		}
+		if err := readTombstones(ctx, node, buckets, late, t.Tombstones, &seenTombs, every); err != nil {
+			return nil, err
 		}
 		if next == 0 {
 			return t, nil
@@ -336,17 +356,26 @@ func scanNode(ctx context.Context, o options, node *redis.Client, scanned *atomi
 	}
 }
 
-// records drops from keys the hashes of steps' checkpoints (idem.Step),
-// <prefix>:{<key>}:steps, which match the records' pattern: a record's key
-// ends with its '}'.
-func records(keys []string) []string {
-	out := keys[:0]
+// classify sorts the keys under the prefix: records (<prefix>:{<key>}, but
+// not the hashes of steps' checkpoints, <prefix>:{<key>}:steps: a record's
+// key ends with its '}'), tombstone buckets and late-retry counts
+// (<prefix>:t:{<tag>}..., see lua/tombstone.lua). Other keys are not
+// idem's.
+func classify(prefix string, keys []string) (records, buckets, late []string) {
+	rec, tomb := prefix+":{", prefix+":t:{"
 	for _, k := range keys {
-		if !strings.HasSuffix(k, "}:steps") {
-			out = append(out, k)
+		switch {
+		case strings.HasPrefix(k, rec):
+			if !strings.HasSuffix(k, "}:steps") {
+				records = append(records, k)
+			}
+		case strings.HasPrefix(k, tomb) && isLateKey(k):
+			late = append(late, k)
+		case strings.HasPrefix(k, tomb):
+			buckets = append(buckets, k)
 		}
 	}
-	return out
+	return records, buckets, late
 }
 
 func readBatch(ctx context.Context, node *redis.Client, keys []string, t *tally, seen *int64, every int64) error {
@@ -457,6 +486,7 @@ func progress(w io.Writer, scanned *atomic.Int64) (stop func()) {
 func printStats(out *printer, o options, t *tally) {
 	out.printf("%d records under %s:{...} on %d server(s), scanned in %.1fs\n", t.Records, o.prefix, t.Servers, t.Seconds)
 	if t.Records == 0 {
+		printRetention(out, t)
 		return
 	}
 	out.printf("\nby state:\n")
@@ -496,6 +526,7 @@ func printStats(out *printer, o options, t *tally) {
 			out.printf("  %9s  %-11s attempt %-3d TTL %-9s %q\n", size(b.Bytes), b.State, b.Attempt, dur(time.Duration(b.TTLms)*time.Millisecond), b.Key)
 		}
 	}
+	printRetention(out, t)
 }
 
 func printBuckets(out *printer, bs []bucket, total int64) {

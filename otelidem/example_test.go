@@ -3,12 +3,14 @@ package otelidem_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
@@ -81,4 +83,64 @@ func printSeries(r io.Reader, re *regexp.Regexp) {
 			fmt.Println(line)
 		}
 	}
+}
+
+// The series that tell whether the retention is long enough, as
+// Prometheus scrapes them: the age of replayed outcomes, and the late
+// retries refused over a tombstone (idem.WithTombstones). A retry came 90
+// minutes after its outcome (retention 2h), another after the retention.
+func Example_retention() {
+	reg := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
+	if err != nil {
+		panic(err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer mp.Shutdown(context.Background())
+	obs, err := otelidem.New(otelidem.WithMeterProvider(mp))
+	if err != nil {
+		panic(err)
+	}
+	mr := miniredis.NewMiniRedis() // a real Redis in production
+	if err := mr.Start(); err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+	now := time.Now()
+	wait := func(d time.Duration) { // miniredis's clock, for the example
+		now = now.Add(d)
+		mr.SetTime(now)
+		mr.FastForward(d)
+	}
+	wait(0)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	keys := idem.New(rdb, idem.WithObserver(obs), idem.WithLogger(nil),
+		idem.WithRetention(2*time.Hour), idem.WithTombstones(7*24*time.Hour))
+	defer keys.Close()
+
+	ctx := context.Background()
+	debit := func(context.Context) ([]byte, error) { return []byte("receipt"), nil }
+	_, _ = keys.Do(ctx, "order-1", "amount=100", debit)
+	wait(90 * time.Minute)
+	_, _ = keys.Do(ctx, "order-1", "amount=100", debit) // replayed, 90 minutes old
+	wait(3 * time.Hour)
+	_, err = keys.Do(ctx, "order-1", "amount=100", debit) // after the retention
+	fmt.Println(errors.Is(err, idem.ErrLateRetry))
+
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		panic(err)
+	}
+	defer resp.Body.Close()
+	printSeries(resp.Body, regexp.MustCompile(`^(idem_late_retries_total|idem_replay_age_seconds_(sum|count)|idem_replay_age_seconds_bucket\{le="(3600|7200)"\})`))
+	// Output:
+	// true
+	// idem_late_retries_total 1
+	// idem_replay_age_seconds_bucket{le="3600"} 0
+	// idem_replay_age_seconds_bucket{le="7200"} 1
+	// idem_replay_age_seconds_sum 5400
+	// idem_replay_age_seconds_count 1
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -206,5 +207,23 @@ func TestTombstoneFlags(t *testing.T) {
 	code, out, stderr := runCmd(t, append([]string{"-tombstones", "-target", "0.0001"}, small...)...)
 	if code != exitOK || !strings.Contains(out, "two tiers (-tombstones): none") {
 		t.Errorf("too small for -target: exit code %d, %s%s", code, out, stderr)
+	}
+}
+
+// TestRetentionDoc checks that docs/retention.md shows what go run
+// ./cmd/ttlbench -tombstones prints today, from its two-tier part on.
+func TestRetentionDoc(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr := runCmd(t, "-tombstones")
+	if code != exitOK {
+		t.Fatalf("exit code %d: %s", code, stderr)
+	}
+	part := stdout[strings.Index(stdout, "two tiers"):]
+	doc, err := os.ReadFile("../../docs/retention.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "$ go run ./cmd/ttlbench -tombstones\n...\n"+part+"```") {
+		t.Errorf("docs/retention.md does not show the output of go run ./cmd/ttlbench -tombstones; today's:\n%s", part)
 	}
 }

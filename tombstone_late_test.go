@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -163,7 +164,7 @@ func TestTombstoneCountsLateRetriesCluster(t *testing.T) {
 			t.Fatalf("%q: %v; want ErrLateRetry", k, err)
 		}
 	}
-	var total, hashes int64
+	var total, hashes atomic.Int64 // the masters are read at once
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
 		ks, err := node.Keys(ctx, "idem:t:{*}:late").Result()
 		if err != nil {
@@ -176,16 +177,16 @@ func TestTombstoneCountsLateRetriesCluster(t *testing.T) {
 			}
 			for _, n := range m {
 				v, _ := strconv.ParseInt(n, 10, 64)
-				total += v
+				total.Add(v)
 			}
-			hashes++
+			hashes.Add(1)
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if total != int64(len(keys)) {
-		t.Fatalf("late retries counted over the masters: %d in %d hashes, want %d", total, hashes, len(keys))
+	if total.Load() != int64(len(keys)) {
+		t.Fatalf("late retries counted over the masters: %d in %d hashes, want %d", total.Load(), hashes.Load(), len(keys))
 	}
 }

@@ -1,0 +1,35 @@
+package servertest
+
+import (
+	"database/sql"
+	"path/filepath"
+	"testing"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+)
+
+// SQLiteOptions are the DSN parameters idemsql's package doc recommends:
+// WAL, so that readers do not wait for the writer; a busy timeout, so that
+// a writer waits for another instead of failing with "database is
+// locked"; and immediate transactions, so that a transaction takes the
+// write lock when it begins, where the busy timeout applies, not when it
+// first writes after a read, where SQLite cannot wait.
+const SQLiteOptions = "_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+
+// SQLiteDSN returns the DSN of a new SQLite database file in a temporary
+// directory that is removed when the test ends.
+func SQLiteDSN(tb testing.TB) string {
+	return "file:" + filepath.Join(tb.TempDir(), "test.db") + "?" + SQLiteOptions
+}
+
+// OpenSQLite opens dsn with the modernc.org/sqlite driver; the handle is
+// closed when the test ends.
+func OpenSQLite(tb testing.TB, dsn string) *sql.DB {
+	tb.Helper()
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db
+}

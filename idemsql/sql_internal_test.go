@@ -3,7 +3,6 @@ package idemsql
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"strings"
 	"sync"
@@ -15,30 +14,22 @@ import (
 
 // backend is one database system under test.
 type backend struct {
-	name    string
+	servertest.Backend
 	dialect Dialect
-	// open returns a new, empty database and its DSN.
-	open func(t testing.TB) (*sql.DB, string)
 }
 
 func backends() []backend {
-	return []backend{
-		{"postgres", Postgres, func(t testing.TB) (*sql.DB, string) {
-			pg := servertest.SharedPostgres(t)
-			dsn := pg.NewDatabase(t)
-			return pg.Open(t, dsn), dsn
-		}},
-		{"sqlite", SQLite, func(t testing.TB) (*sql.DB, string) {
-			dsn := servertest.SQLiteDSN(t)
-			return servertest.OpenSQLite(t, dsn), dsn
-		}},
+	var bs []backend
+	for _, b := range servertest.Backends() {
+		bs = append(bs, backend{b, map[string]Dialect{"postgres": Postgres, "sqlite": SQLite}[b.Name]})
 	}
+	return bs
 }
 
 // eachBackend runs test once per database system, in parallel.
 func eachBackend(t *testing.T, test func(t *testing.T, b backend)) {
 	for _, b := range backends() {
-		t.Run(b.name, func(t *testing.T) {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
 			test(t, b)
 		})
@@ -46,7 +37,7 @@ func eachBackend(t *testing.T, test func(t *testing.T, b backend)) {
 }
 
 func migrated(t testing.TB, b backend, opts ...Option) *Ledger {
-	db, _ := b.open(t)
+	db, _ := b.Open(t)
 	l := New(db, b.dialect, opts...)
 	if err := l.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
@@ -124,7 +115,7 @@ func TestInsertAndLookup(t *testing.T) {
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		db, _ := b.open(t)
+		db, _ := b.Open(t)
 		var wg sync.WaitGroup
 		errs := make([]error, 6)
 		for i := range errs {
@@ -158,7 +149,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 func TestTableOption(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		db, _ := b.open(t)
+		db, _ := b.Open(t)
 		a, c := New(db, b.dialect, WithTable("ledger_a")), New(db, b.dialect, WithTable("Ledger_B"))
 		for _, l := range []*Ledger{a, c} {
 			if err := l.Migrate(ctx); err != nil {
@@ -206,7 +197,7 @@ func TestNewRefusesBadArguments(t *testing.T) {
 func TestUnmigrated(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		db, _ := b.open(t)
+		db, _ := b.Open(t)
 		l := New(db, b.dialect)
 		if _, _, err := l.lookup(ctx, "k"); err == nil || !strings.Contains(err.Error(), "call Migrate") {
 			t.Errorf("lookup before Migrate: %v, want an error saying to call Migrate", err)

@@ -33,3 +33,30 @@ func OpenSQLite(tb testing.TB, dsn string) *sql.DB {
 	tb.Cleanup(func() { db.Close() })
 	return db
 }
+
+// A Backend is one database system the tests run on.
+type Backend struct {
+	// Name is "postgres" or "sqlite", the name of idemsql's Dialect.
+	Name string
+	// Open returns a new, empty database (closed when the test ends) and
+	// its DSN, for child processes.
+	Open func(tb testing.TB) (*sql.DB, string)
+	// Driver is the database/sql driver's name.
+	Driver string
+}
+
+// Backends returns every database system: PostgreSQL (the shared server,
+// a new database each time) and SQLite (a new file each time).
+func Backends() []Backend {
+	return []Backend{
+		{Name: "postgres", Driver: "pgx", Open: func(tb testing.TB) (*sql.DB, string) {
+			pg := SharedPostgres(tb)
+			dsn := pg.NewDatabase(tb)
+			return pg.Open(tb, dsn), dsn
+		}},
+		{Name: "sqlite", Driver: "sqlite", Open: func(tb testing.TB) (*sql.DB, string) {
+			dsn := SQLiteDSN(tb)
+			return OpenSQLite(tb, dsn), dsn
+		}},
+	}
+}

@@ -213,3 +213,18 @@ func backendNamed(name string) servertest.Backend {
 	}
 	panic("no backend " + name)
 }
+
+func openPostgres(t testing.TB, dsn string) *sql.DB {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func redisClient(t testing.TB, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}

@@ -38,6 +38,9 @@ var (
 		stamp:       func(t time.Time) any { return t },
 		missing:     pgMissing,
 		migrateLock: "SELECT pg_advisory_xact_lock(hashtext($1))",
+		// BRIN: rows arrive in about the order of their times, and a BRIN
+		// index costs an INSERT next to nothing, unlike a B-tree.
+		timeIndex: "USING brin (recorded_at)",
 		busy:        func(error) bool { return false },
 	}}
 
@@ -55,6 +58,7 @@ var (
 		timestamp:   "integer",
 		stamp:       func(t time.Time) any { return t.UnixMilli() },
 		missing:     func(err error) bool { return strings.Contains(err.Error(), "no such table") },
+		timeIndex:   "(recorded_at)",
 		busy:        sqliteBusy,
 	}}
 )
@@ -72,6 +76,8 @@ type dialect struct {
 	stamp func(time.Time) any
 	// missing reports whether err says that a table does not exist.
 	missing func(error) bool
+	// timeIndex is the index method and columns of the index Prune uses.
+	timeIndex string
 	// migrateLock, if not empty, takes a lock that makes Migrates of one
 	// table ($1: a name for it) take turns, for databases whose CREATE ...
 	// IF NOT EXISTS is not safe against itself in two sessions at once.
@@ -138,7 +144,7 @@ func (d *dialect) statements(table string) statements {
 			"\tfailed " + d.boolean + " NOT NULL,\n" +
 			"\toutcome " + d.blob + " NOT NULL,\n" +
 			"\trecorded_at " + d.timestamp + " NOT NULL\n)",
-		createIndex: "CREATE INDEX IF NOT EXISTS " + table + "_recorded_at ON " + table + " (recorded_at)",
+		createIndex: "CREATE INDEX IF NOT EXISTS " + table + "_recorded_at ON " + table + " " + d.timeIndex,
 		// One row, whose id tells this database from every other: Commit
 		// writes only where it finds the ledger's own id.
 		createMeta: "CREATE TABLE IF NOT EXISTS " + meta + " (\n" +

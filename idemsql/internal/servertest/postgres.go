@@ -19,15 +19,15 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 )
 
-// Postgres is one PostgreSQL server (a cluster, in its words) started by
-// SharedPostgres: trust authentication for the superuser "postgres", on a
-// loopback port, with fsync off (the tests kill clients, never the server).
+// Postgres is one PostgreSQL server (a cluster, in its words): trust
+// authentication for the superuser "postgres", on a loopback port.
 type Postgres struct {
-	dir  string // holds data/, the log and the socket
-	port int
-	as   *account
-	proc *process
-	dbs  atomic.Int64 // databases made by NewDatabase
+	dir   string // holds data/, the log and the socket
+	port  int
+	as    *account
+	fsync bool
+	proc  *process
+	dbs   atomic.Int64 // databases made by NewDatabase
 }
 
 var shared struct {
@@ -38,8 +38,8 @@ var shared struct {
 }
 
 // SharedPostgres returns the test binary's PostgreSQL server, started at
-// the first call (initdb takes seconds); StopShared, from TestMain, stops
-// it. It skips the test when PostgreSQL is not installed, or fails it
+// the first call (initdb takes seconds), with fsync off (the tests kill
+// clients, never the server); StopShared, from TestMain, stops it. It skips the test when PostgreSQL is not installed, or fails it
 // under IDEM_REQUIRE_REDIS=1, and fails it when the server did not start.
 func SharedPostgres(tb testing.TB) *Postgres {
 	tb.Helper()
@@ -52,12 +52,31 @@ func SharedPostgres(tb testing.TB) *Postgres {
 	defer shared.mu.Unlock()
 	if !shared.ran {
 		shared.ran = true
-		shared.pg, shared.err = startPostgres(bin)
+		shared.pg, shared.err = startPostgres(bin, false)
 	}
 	if shared.err != nil {
 		tb.Fatalf("servertest: %v", shared.err)
 	}
 	return shared.pg
+}
+
+// DurablePostgres starts a PostgreSQL server of the test's own, with
+// PostgreSQL's durable defaults (fsync, full_page_writes and
+// synchronous_commit on), for benchmarks whose figures should be a
+// production server's. It is stopped when the test ends.
+func DurablePostgres(tb testing.TB) *Postgres {
+	tb.Helper()
+	bin, ok := postgresBin()
+	if !ok {
+		missing(tb, "PostgreSQL (initdb and postgres)", "postgresql")
+		return nil
+	}
+	pg, err := startPostgres(bin, true)
+	if err != nil {
+		tb.Fatalf("servertest: %v", err)
+	}
+	tb.Cleanup(pg.stop)
+	return pg
 }
 
 // StopShared stops the server of SharedPostgres, if it was started, and
@@ -105,7 +124,7 @@ func version(dir string) int {
 	return n
 }
 
-func startPostgres(bin string) (*Postgres, error) {
+func startPostgres(bin string, fsync bool) (*Postgres, error) {
 	as, err := unprivileged()
 	if err != nil {
 		return nil, fmt.Errorf("PostgreSQL refuses to run as root, and no unprivileged user was found: %w", err)
@@ -118,7 +137,7 @@ func startPostgres(bin string) (*Postgres, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("give %s to %s: %w", dir, as, err)
 	}
-	pg := &Postgres{dir: dir, as: as}
+	pg := &Postgres{dir: dir, as: as, fsync: fsync}
 	if err := pg.initdb(bin); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -161,10 +180,12 @@ func (pg *Postgres) initdb(bin string) error {
 // launch starts the server and waits until it accepts connections; busy
 // reports that its port was taken.
 func (pg *Postgres) launch(bin string) (busy bool, err error) {
-	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", filepath.Join(pg.dir, "data"),
-		"-p", strconv.Itoa(pg.port), "-k", pg.dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
-		"-c", "max_connections=300", "-c", "log_min_messages=warning")
+	args := []string{"-D", filepath.Join(pg.dir, "data"), "-p", strconv.Itoa(pg.port), "-k", pg.dir,
+		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=300", "-c", "log_min_messages=warning"}
+	if !pg.fsync {
+		args = append(args, "-c", "fsync=off", "-c", "full_page_writes=off")
+	}
+	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
 	cmd.Dir, cmd.Env = pg.dir, pg.env()
 	p, err := start(cmd, pg.as, filepath.Join(pg.dir, "postgres.log"))
 	if err != nil {

@@ -41,7 +41,7 @@ var (
 		// BRIN: rows arrive in about the order of their times, and a BRIN
 		// index costs an INSERT next to nothing, unlike a B-tree.
 		timeIndex: "USING brin (recorded_at)",
-		busy:        func(error) bool { return false },
+		busy:      func(error) bool { return false },
 	}}
 
 	// SQLite is SQLite 3.24 or later, through any database/sql driver

@@ -342,4 +342,3 @@ func (p *commitProxy) serve(client net.Conn, server string) {
 	sc.Close()
 	<-done
 }
-

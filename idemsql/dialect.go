@@ -87,9 +87,9 @@ type dialect struct {
 	busy func(error) bool
 }
 
-// sqlStater is the error of a Postgres driver that carries the SQLSTATE
-// code (pgx's *pgconn.PgError, lib/pq's *pq.Error through its Code is not
-// covered): reading it needs no import of the driver.
+// sqlStater is an error of a Postgres driver that carries the SQLSTATE
+// code, as pgx's *pgconn.PgError does: reading it needs no import of the
+// driver. Without it, errors are told apart by their messages.
 type sqlStater interface{ SQLState() string }
 
 func sqlState(err error) string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/internal/servertest"
 )
 
 // pgBank returns a bank on PostgreSQL.
@@ -341,4 +342,52 @@ func (p *commitProxy) serve(client net.Conn, server string) {
 	}
 	sc.Close()
 	<-done
+}
+
+// Under REPEATABLE READ, an INSERT that meets a ledger row committed after
+// the transaction's snapshot fails with a serialization error instead of
+// doing nothing. Commit reads the row and returns the recorded outcome all
+// the same. Here another Client, on a Redis of its own (as if the first
+// had lost its records), commits the key while the first's fn holds its
+// snapshot.
+func TestCommitUnderRepeatableRead(t *testing.T) {
+	t.Parallel()
+	b := pgBank(t)
+	ctx := context.Background()
+	first := b.client(t)
+	other := &bank{name: b.name, db: b.db, dialect: b.dialect, ledger: b.ledger, redis: servertest.StartRedis(t)}
+	second := other.client(t)
+	fp := fingerprint("op", 10)
+	var (
+		recorded  Receipt
+		commitErr error
+	)
+	got, err := idem.Do(ctx, first, "op", fp, func(ctx context.Context) (Receipt, error) {
+		tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+		if err != nil {
+			return Receipt{}, err
+		}
+		defer tx.Rollback()
+		var n int
+		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM movements").Scan(&n); err != nil { // the snapshot
+			return Receipt{}, err
+		}
+		if recorded, err = idem.Do(ctx, second, "op", fp, b.debit("op", 10)); err != nil {
+			return Receipt{}, err
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO movements (op, amount, attempt, kind) VALUES ('op', 10, 1, 'debit')"); err != nil {
+			return Receipt{}, err
+		}
+		commitErr = idemsql.Commit(ctx, tx, Receipt{Op: "op", Amount: 10, Attempt: 1})
+		return Receipt{}, commitErr
+	})
+	if !errors.Is(commitErr, idem.ErrRecorded) {
+		t.Errorf("Commit under REPEATABLE READ after another commit: %v, want ErrRecorded", commitErr)
+	}
+	if err != nil || got != recorded {
+		t.Errorf("Do: %v, %v; want the recorded %v", got, err, recorded)
+	}
+	if n := b.movements(t, "op"); n != 1 {
+		t.Errorf("%d movements, want 1", n)
+	}
 }

@@ -32,6 +32,7 @@ func missing(tb testing.TB, program, pkg string) {
 	tb.Helper()
 	if os.Getenv(RequireEnv) == "1" {
 		tb.Fatalf("servertest: %s not found, and %s=1 requires the tests that need it to run; install it (apt-get install %s)", program, RequireEnv, pkg)
+		return
 	}
 	tb.Skipf("servertest: %s not found; install it (apt-get install %s) or these tests do not run", program, pkg)
 }

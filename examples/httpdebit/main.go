@@ -16,7 +16,7 @@
 //
 // Usage:
 //
-//	go run ./examples/httpdebit [-addr localhost:8080] [-redis ADDR] [-delay D]
+//	go run ./httpdebit [-addr localhost:8080] [-redis ADDR] [-delay D]
 //
 // Without -redis it runs on an embedded miniredis. With one, it stores its
 // records under the key prefix "httpdebit" for an hour. -delay makes every

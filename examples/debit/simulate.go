@@ -235,7 +235,7 @@ type sim struct {
 	services [2]service
 	lose     func(ctx context.Context, id string) error // makes Redis lose payment id's record
 	lost     atomic.Int64                               // records lost
-	handlers sync.WaitGroup // service-side handlers, which outlive the client's wait
+	handlers sync.WaitGroup                             // service-side handlers, which outlive the client's wait
 
 	mu         sync.Mutex
 	unexpected int   // guarded by mu

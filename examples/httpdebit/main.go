@@ -14,7 +14,7 @@
 // (100000 cents); a debit larger than the balance gets 402, which is
 // replayed like a success.
 //
-// Usage:
+// Usage (from the examples directory, a module of its own):
 //
 //	go run ./httpdebit [-addr localhost:8080] [-redis ADDR] [-delay D]
 //

@@ -13,8 +13,8 @@ import (
 
 // Migrate creates the ledger's table, its index and its _meta table (one
 // row: a random id of this database, which Commit checks) where they are
-// missing, and leaves existing ones as they are. Run it at start-up; it is
-// safe to run from many processes at once.
+// missing, and leaves existing ones as they are. Run it at start-up, before
+// the first Commit; it is safe to run from many processes at once.
 func (l *Ledger) Migrate(ctx context.Context) error {
 	id := make([]byte, 16)
 	_, _ = rand.Read(id) // never fails (crypto/rand documents it)
@@ -39,7 +39,10 @@ func (l *Ledger) Migrate(ctx context.Context) error {
 	if err := tx.Commit(); err != nil {
 		return l.explain("migrate", err)
 	}
-	return nil
+	// Read the id now, so that Commit need not: it would take a second
+	// connection while fn's transaction holds one.
+	_, err = l.databaseID(ctx)
+	return err
 }
 
 // Prune deletes the rows recorded before before and returns how many it

@@ -284,3 +284,34 @@ func TestOtherDatabase(t *testing.T) {
 		}
 	})
 }
+
+// With one connection in the pool, fn's transaction holds it: Commit must
+// not need another. Migrate reads the database's id for it.
+func TestCommitNeedsNoSecondConnection(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		db, _ := b.Open(t)
+		if err := New(db, b.dialect).Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxOpenConns(1)
+		l := New(db, b.dialect)
+		if err := l.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		id, err := l.databaseID(ctx)
+		if err != nil {
+			t.Fatalf("database id while a transaction holds the only connection: %v", err)
+		}
+		if added, err := l.insert(ctx, tx, row{key: "k", attempt: 1, outcome: []byte("v")}, id); err != nil || !added {
+			t.Fatalf("insert: %v, %v", added, err)
+		}
+	})
+}

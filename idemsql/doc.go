@@ -87,4 +87,7 @@
 // a balance after a SELECT) asks for the lock at its first write, where
 // SQLite cannot wait without risking a deadlock and fails at once. Commit
 // names these parameters in its error when SQLite reports itself busy.
+// Open a new file with one connection first (Ping, or Migrate): the first
+// connection turns it to WAL, and others opening at that moment may fail
+// with "database is locked" without waiting.
 package idemsql

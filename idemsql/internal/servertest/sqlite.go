@@ -31,6 +31,13 @@ func OpenSQLite(tb testing.TB, dsn string) *sql.DB {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { db.Close() })
+	// The first connection turns a new file to WAL. Connections that open
+	// at the same moment may find the change under way and fail with
+	// SQLITE_BUSY, without waiting: SQLite does not wait for a journal mode
+	// change. Make the change now, alone.
+	if err := db.Ping(); err != nil {
+		tb.Fatal(err)
+	}
 	return db
 }
 

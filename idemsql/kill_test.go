@@ -3,6 +3,7 @@ package idemsql_test
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -77,6 +78,7 @@ func TestKilledDebiter(t *testing.T) {
 				_, _ = io.Copy(io.Discard, out)
 			}()
 			var timer <-chan time.Time
+			var output strings.Builder // the child's lines other than the protocol's
 			deadline := time.After(childDeadline)
 			killed, finished := false, false
 		read:
@@ -100,8 +102,12 @@ func TestKilledDebiter(t *testing.T) {
 					if line == "started" && !last && !afterCommit {
 						timer = time.After(delay)
 					}
-					if line == "all done" {
+					switch {
+					case line == "all done":
 						finished = true
+					case line == "started", strings.HasPrefix(line, "fn "), strings.HasPrefix(line, "committed "):
+					default:
+						output.WriteString(line + "\n")
 					}
 				case <-timer:
 					if !killed {
@@ -115,10 +121,10 @@ func TestKilledDebiter(t *testing.T) {
 				}
 			}
 			werr := cmd.Wait()
+			if (last || !killed) && (werr != nil || !finished) {
+				t.Fatalf("run %d: %v, finished %v; output:\n%s%s", run, werr, finished, output.String(), stderr.String())
+			}
 			if last {
-				if werr != nil || !finished {
-					t.Fatalf("last run: %v, finished %v; stderr:\n%s", werr, finished, stderr.String())
-				}
 				break
 			}
 			if finished {
@@ -164,9 +170,11 @@ func TestChildDebiter(t *testing.T) {
 	}
 	ctx := context.Background()
 	be := backendNamed(os.Getenv(childBackend))
-	db := servertest.OpenSQLite(t, os.Getenv(childDSN))
+	var db *sql.DB
 	if be.Name == "postgres" {
 		db = openPostgres(t, os.Getenv(childDSN))
+	} else {
+		db = servertest.OpenSQLite(t, os.Getenv(childDSN))
 	}
 	b := &bank{name: be.Name, db: db, dialect: dialects[be.Name]}
 	b.ledger = idemsql.New(db, b.dialect)

@@ -21,9 +21,13 @@ import (
 // COMMIT), run in turns in phases of 20ms, with 1 and 16 goroutines, each
 // goroutine debiting an account of its own. It reports idem-ns/op and
 // bare-ns/op (wall time per debit of each) and bare/idem, the share of the
-// bare transaction's throughput that idem keeps (1 = as fast). PostgreSQL
-// runs with its durable defaults (fsync on), SQLite in WAL mode with its
-// default synchronous=FULL; Redis without persistence. Never asserted.
+// bare transaction's throughput that idem keeps (1 = as fast). Two more
+// pairs split the cost: Redis, idem without a ledger around the bare
+// transaction; Row, the bare transaction with the ledger's row written in
+// plain SQL. PostgreSQL runs with its durable defaults (fsync on); SQLite
+// in WAL mode with its default synchronous=FULL, through one connection
+// (SetMaxOpenConns(1), the package doc's advice for one process); Redis
+// without persistence. Never asserted.
 func BenchmarkLedger(b *testing.B) {
 	for _, be := range []servertest.Backend{durablePostgres(), backendNamed("sqlite")} {
 		b.Run(be.Name, func(b *testing.B) {
@@ -37,7 +41,12 @@ func BenchmarkLedger(b *testing.B) {
 				}
 			}
 			bk.db.SetMaxIdleConns(32)
+			if be.Name == "sqlite" {
+				bk.db.SetMaxOpenConns(1)
+			}
 			c := bk.client(b)
+			plain := idem.New(bk.redis.Client(b), idem.WithLogger(nil))
+			b.Cleanup(func() { _ = plain.Close() })
 			var keys atomic.Int64
 			run := strconv.FormatInt(time.Now().UnixNano(), 36)
 			idemOp := func(w int) error {
@@ -68,9 +77,42 @@ func BenchmarkLedger(b *testing.B) {
 				}
 				return tx.Commit()
 			}
+			redisOp := func(w int) error {
+				key := fmt.Sprintf("redis-%s-%d", run, keys.Add(1))
+				_, err := plain.Do(ctx, key, "", func(ctx context.Context) ([]byte, error) {
+					return nil, bareOp(w)
+				})
+				return err
+			}
+			rowSQL := "INSERT INTO idem_ledger (idem_key, fingerprint, attempt, failed, outcome, recorded_at) VALUES (?, ?, 1, false, ?, ?)"
+			stamp := func() any { return time.Now().UnixMilli() }
+			if be.Name == "postgres" {
+				stamp = func() any { return time.Now() }
+			}
+			rowOp := func(w int) error {
+				key := fmt.Sprintf("row-%s-%d", run, keys.Add(1))
+				tx, err := bk.db.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback()
+				if _, err := benchChange(ctx, bk, tx, w, key); err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, bk.q(rowSQL), []byte(key), make([]byte, 16), make([]byte, 40), stamp()); err != nil {
+					return err
+				}
+				return tx.Commit()
+			}
 			for _, g := range []int{1, 16} {
 				b.Run(fmt.Sprintf("%dgoroutines", g), func(b *testing.B) {
 					inTurns(b, g, idemOp, bareOp)
+				})
+				b.Run(fmt.Sprintf("%dgoroutines/Redis", g), func(b *testing.B) {
+					inTurns(b, g, redisOp, bareOp)
+				})
+				b.Run(fmt.Sprintf("%dgoroutines/Row", g), func(b *testing.B) {
+					inTurns(b, g, rowOp, bareOp)
 				})
 			}
 		})

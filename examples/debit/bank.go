@@ -56,6 +56,9 @@ func openBank(ctx context.Context, dsn string) (*bank, error) {
 			os.RemoveAll(dir)
 			return nil, err
 		}
+		// One connection: writers queue in the pool instead of in SQLite's
+		// busy handler (see idemsql's package doc).
+		b.db.SetMaxOpenConns(1)
 		b.accounts, b.debits = "accounts", "debits"
 		b.ledger = idemsql.New(b.db, idemsql.SQLite)
 		b.cleanup = func() error { return os.RemoveAll(dir) }

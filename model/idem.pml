@@ -28,10 +28,8 @@
  * once its TTL has passed; Forget deletes it at any time. A caller's clock
  * may run slow (DRIFT): it loses up to DRIFT ticks in any LEASE ticks.
  *
- * Configurations: the default (lease 3 ticks, margin 0, exact clocks; with
- * waiters, steps and tombstones), FINE (lease 6 ticks, margin 1, clocks
- * that drift by 1 tick a lease; 2 callers) and LIVE (the restricted run
- * for P6). Other switches: M1..M19 and ML1 (known-bad variants: the
+ * Configurations (below): the default (main), RENEWALS, FINE and LIVE.
+ * Other switches: M1..M19 and ML1 (known-bad variants: the
  * mutants), WIT=n (reachability witness Wn), NOFORGET (no Forget: the
  * mutants' runs, so that their counterexamples need no operator's action),
  * ONLY=n (check property Pn alone: a mutant must be refuted by the
@@ -39,11 +37,12 @@
  */
 
 /* ---- Configurations ---------------------------------------------------- */
-/* The default: 3 callers, one renewal in flight at a time, waiters and
- * tombstones. RENEWALS: 2 callers, two renewals in flight, steps and
- * tombstones. FINE: 2 callers, a lease of 6 ticks, a margin of 1, clocks
- * that drift. LIVE: the restricted run for P6. All but LIVE have lease 3
- * or 6, exact or drifting clocks as said, and every fault below. */
+/* The default (main): 3 callers, lease 3 ticks, margin 0, exact clocks,
+ * one renewal in flight at a time, waiters and tombstones. RENEWALS: 2
+ * callers, lease 3 ticks, two renewals in flight, steps and tombstones.
+ * FINE: 2 callers, lease 6 ticks, margin 1, clocks that drift, one renewal
+ * in flight. LIVE: the restricted run for P6. Every configuration but LIVE
+ * has every fault above. */
 #if defined(LIVE)
 #define NC_     3
 #define LEASE_  6       /* a lease of 6 ticks, so that replies may come a tick late */

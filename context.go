@@ -77,18 +77,27 @@ func (c *detachedCtx) Value(key any) any {
 // even before the renewer's timer has closed Done.
 type attemptCtx struct {
 	context.Context
-	a      Attempt
-	cancel context.CancelCauseFunc
+	a       Attempt
+	cancel  context.CancelCauseFunc
+	pending *Pending // the call's hold for a ledger's commit helper; nil without a ledger
 	// deadline is the owner's lease deadline, in monotonic nanoseconds
 	// (mono); renewals move it later.
 	deadline atomic.Int64
+	steps    steps // of Step, in this attempt
 }
 
-// Value returns a *Attempt for attemptKey: a pointer into c, which costs no
-// allocation as an interface value would.
+// Value returns a *Attempt for attemptKey and a *steps for stepsKey:
+// pointers into c, which cost no allocation as interface values would; and
+// the call's *Pending for pendingKey, nil (a typed nil, so PendingFrom
+// tells "no ledger" from "outside Do") without a ledger.
 func (c *attemptCtx) Value(key any) any {
-	if _, ok := key.(attemptKey); ok {
+	switch key.(type) {
+	case attemptKey:
 		return &c.a
+	case stepsKey:
+		return &c.steps
+	case pendingKey:
+		return c.pending
 	}
 	return c.Context.Value(key)
 }

@@ -29,7 +29,7 @@
  * may run slow (DRIFT): it loses up to DRIFT ticks in any LEASE ticks.
  *
  * Configurations (below): the default (main), RENEWALS, FINE and LIVE.
- * Other switches: M1..M19 and ML1 (known-bad variants: the
+ * Other switches: M1..M20 and ML1 (known-bad variants: the
  * mutants), WIT=n (reachability witness Wn), NOFORGET (no Forget: the
  * mutants' runs, so that their counterexamples need no operator's action),
  * ONLY=n (check property Pn alone: a mutant must be refuted by the
@@ -167,10 +167,14 @@ byte rout;      /* D: whose fn produced the outcome stored (the header's token, 
 byte ck;        /* the operation's step checkpoint: 0 none, else the token that wrote it.
                  * It lives in the key's slot as long as the record (expiry and Forget
                  * take both); a finished record's checkpoints are never read */
+#ifdef M20
+bit  ckk;       /* M20: the checkpoints' TTL is at least the record's (set by the step
+                 * script; a renewal or a takeover resets the record's TTL alone) */
+#endif
 #endif
 #ifdef TOMB
-#define TOMBSTONE tomb
-bit  tomb;      /* a tombstone: the operation completed; it outlives the record */
+#define TOMBSTONE rtomb
+bit  rtomb;      /* a tombstone: the operation completed; it outlives the record */
 #else
 #define TOMBSTONE 0
 #endif
@@ -180,6 +184,9 @@ byte used;          /* P4: attempt numbers handed out while the record lives (bi
 bit  ackok[NC];     /* P5: the last run of c's completion answered 1 on a record that still lives */
 bit  acked[NC];     /* P5: c received 1 for its completion, and that record still lives */
 bit  fgt[NC];       /* P1: c's claim was of a record that Forget deleted (exempt from P1) */
+#ifdef STEPS
+bit  ckw;           /* P9: a checkpoint was written in this operation (this life of the record) */
+#endif
 #ifdef LIVE
 bit  completed;     /* P6: some completion was stored */
 #endif
@@ -330,16 +337,18 @@ inline check_P8(out) {
 #endif
 #ifdef STEPS
 /* P9, when a step's checkpoint is written: none was written before in this
- * operation, and the writer owns the record's claim (not a stale owner). */
+ * operation (this life of the record), and the writer owns the record's
+ * claim (not a stale owner). */
 inline check_P9(c) {
-	assert(P9_step_checkpoint_once_by_owner && (!ON(9) || (ck == 0 && rst == P && rown == TOK(c))))
+	assert(P9_step_checkpoint_once_by_owner && (!ON(9) || (!ckw && rst == P && rown == TOK(c))));
+	ckw = 1
 }
 #endif
 /* P10, when a claim grants: no tombstone lives (a completed operation's
  * key is never claimed again until its tombstone ends or is forgotten). */
 inline check_P10() {
 #ifdef TOMB
-	assert(P10_no_grant_over_tombstone && (!ON(10) || !tomb))
+	assert(P10_no_grant_over_tombstone && (!ON(10) || !rtomb))
 #else
 	skip
 #endif
@@ -357,7 +366,10 @@ inline record_gone() {
 	rout = 0;
 #endif
 #ifdef STEPS
-	ck = 0;
+	ck = 0; ckw = 0;
+#endif
+#ifdef M20
+	ckk = 0;
 #endif
 	used = 0;
 	ackok[0] = 0; ackok[1] = 0 SEQ_C2(ackok[2] = 0);
@@ -381,7 +393,7 @@ inline record_gone() {
 #define CLAIM_RUNNABLE(c) (!TAKES_OVER(c) || rn < MAXN)
 #endif
 #if defined(TOMB) && !defined(M19)
-#define LATE (rst == ABS && tomb)
+#define LATE (rst == ABS && rtomb)
 #else
 #define LATE 0 /* M19: a claim grants over a tombstone */
 #endif
@@ -428,6 +440,9 @@ inline claim_script(c) {
 		/* M7: a takeover keeps the attempt number */
 		check_P4(rn);
 		rst = P; rown = TOK(c); rlease = LEASE;
+#ifdef M20
+		ckk = 0;
+#endif
 #ifdef M9
 		rttl = RET;
 #endif
@@ -446,6 +461,9 @@ inline renew_script(c, s) {
 		WITNESS(3, rlease == 0);
 		rlease = LEASE;
 		/* M9: the lease is extended, the TTL is not reset */
+#ifdef M20
+		ckk = 0; /* the record's TTL is reset; the checkpoints' is not */
+#endif
 #ifdef ML1
 		rremark = 1;
 #endif
@@ -500,10 +518,13 @@ inline complete_script(c) {
 		completed = 1;
 #endif
 #ifdef STEPS
-		ck = 0;
+		ck = 0; ckw = 0;
+#endif
+#ifdef M20
+		ckk = 0;
 #endif
 #ifdef TOMB
-		tomb = 1;
+		rtomb = 1;
 #endif
 #ifdef WAITERS
 		rout = TOK(c);
@@ -550,22 +571,25 @@ inline release_script(c) {
 }
 
 #ifdef STEPS
-/* Model: step Step (the checkpoint script): compare-and-set on the owner's
- * claim, in progress. */
+/* Model: step Step (lua/step.lua, a write): compare-and-set on the owner's
+ * claim, in progress; a checkpoint once stored is never replaced. */
 #ifdef M18
-#define STEP_CAS(c) (rst == P) /* M18: no compare-and-set on the owner token */
+#define STEP_CAS(c) (rst == P && ck == 0) /* M18: no compare-and-set on the owner token */
 #else
-#define STEP_CAS(c) (rst == P && rown == TOK(c))
+#define STEP_CAS(c) (rst == P && rown == TOK(c) && ck == 0)
 #endif
 inline checkpoint_script(c) {
 	if
 	:: STEP_CAS(c) ->
 		check_P9(c);
 		ck = TOK(c);
+#ifdef M20
+		ckk = 1;
+#endif
 		printf("t=%d %c: step checkpoint written\n", clock, NAME(c))
 	:: else ->
 		WITNESS(23, rst == P && rown != TOK(c));
-		printf("t=%d %c: step checkpoint refused (not the owner): ErrLeaseLost\n", clock, NAME(c))
+		printf("t=%d %c: step checkpoint refused (not the owner, or one is stored): ErrLeaseLost\n", clock, NAME(c))
 	fi
 }
 #endif
@@ -590,7 +614,7 @@ inline print_record() {
 #endif
 #ifdef TOMB
 	if
-	:: tomb -> printf("; tombstone")
+	:: rtomb -> printf("; tombstone")
 	:: else
 	fi;
 #endif
@@ -995,6 +1019,9 @@ end:
 	:: d_step { pc[me] == FN && sp[me] == 0 ->
 		if
 		:: ck != 0 ->
+#ifdef M20
+			ckk = ckk || (rst == P && rown == TOK(me));
+#endif
 			WITNESS(22, ck != TOK(me));
 			printf("t=%d %c: step: checkpoint by %c read; the step does not run\n", clock, NAME(me), 'A' + ck - 1);
 			sp[me] = 2
@@ -1224,12 +1251,19 @@ end:
 	:: d_step { MAY_EXPIRE ->
 		printf("t=%d   the record expires: ", clock); print_record(); printf("\n");
 		record_gone() }
+#ifdef M20
+	/* M20: the checkpoints expire before their record: a renewal or a
+	 * takeover reset the record's TTL, and nothing reset theirs. */
+	:: d_step { ck != 0 && !ckk && (rst == P || rst == R) ->
+		printf("t=%d   the step checkpoints expire before their record\n", clock);
+		ck = 0 }
+#endif
 #ifdef TOMB
 	/* Model: step Tombstone. The tombstone outlives the record, then
 	 * expires. */
-	:: d_step { tomb && rst == ABS ->
+	:: d_step { rtomb && rst == ABS ->
 		printf("t=%d   the tombstone expires\n", clock);
-		tomb = 0 }
+		rtomb = 0 }
 #endif
 #if !defined(LIVE) && !defined(NOFORGET)
 	/* Model: step Forget: the record and its tombstone. */
@@ -1258,7 +1292,7 @@ end:
 		fi;
 		record_gone()
 #ifdef TOMB
-		; tomb = 0
+		; rtomb = 0
 #endif
 		}
 #endif

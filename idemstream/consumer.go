@@ -130,11 +130,12 @@ func New(keys *idem.Client, rdb redis.UniversalClient, stream, group, consumer s
 // commands (permissions, a version without XAUTOCLAIM: Redis 6.2 is
 // needed), the idem.Client was closed. One Consumer runs one Run at a time.
 func (c *Consumer) Run(ctx context.Context, h Handler) error {
+	problems := c.problems
 	if h == nil {
-		c.problems = append(c.problems, "nil Handler")
+		problems = append(problems[:len(problems):len(problems)], "nil Handler")
 	}
-	if len(c.problems) > 0 {
-		return fmt.Errorf("idemstream: cannot run: %s", strings.Join(c.problems, "; "))
+	if len(problems) > 0 {
+		return fmt.Errorf("idemstream: cannot run: %s", strings.Join(problems, "; "))
 	}
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("idemstream: Run called while the Consumer is running")

@@ -17,9 +17,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestBadEntries: entries that can never be handled are dead-lettered with
-// a reason that says why, without running the handler, and acknowledged;
-// the entries around them are handled.
+// TestBadEntries: entries that can never be handled (no key, a key too
+// long, a corrupt record, the key of another entry with other fields) are
+// dead-lettered with a reason that says why, without running the handler,
+// and acknowledged; the entries around them are handled.
 func TestBadEntries(t *testing.T) {
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
@@ -35,6 +36,7 @@ func TestBadEntries(t *testing.T) {
 	noKey := add("amount", "10")
 	long := add("event", strings.Repeat("x", 600))
 	corrupt := add("event", "ev-corrupt")
+	conflict := add("event", "ev-0", "amount", "10") // ev-0 again, with other fields
 	last := add("event", "ev-1")
 	if err := rdb.Set(ctx, "idem:{s/g/ev-corrupt}", "garbage", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -72,6 +74,7 @@ func TestBadEntries(t *testing.T) {
 		{noKey, idemstream.ErrNoKey, "the entry has no key"},
 		{long, idem.ErrInvalidKey, "longer than the limit"},
 		{corrupt, idem.ErrCorrupt, "corrupt record"},
+		{conflict, idem.ErrConflict, "key reused with different parameters"},
 	}
 	dl := deadLetters(t, rdb, "s:dead")
 	if len(dl) != len(want) || len(hooked) != len(want) {

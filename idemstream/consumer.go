@@ -115,10 +115,11 @@ func New(keys *idem.Client, rdb redis.UniversalClient, stream, group, consumer s
 // first takes back the entries this consumer held when it last stopped.
 //
 // An entry is acknowledged (XACK) only once its outcome is stored:
-// handled, failed for good (idem.Permanent), or a conflict. After a
-// transient failure it is tried again, with backoff (WithBackoff); after
-// WithMaxDeliveries it is copied to the dead-letter stream and then
-// acknowledged. Entries that other consumers held without news for
+// handled, or failed for good (idem.Permanent). After a transient failure
+// it is tried again, with backoff (WithBackoff); after WithMaxDeliveries
+// it is copied to the dead-letter stream and then acknowledged, as are
+// entries that can never be handled (no key, a conflict: see the package
+// documentation). Entries that other consumers held without news for
 // WithClaimIdle are taken over (XAUTOCLAIM); one whose outcome is stored
 // already is acknowledged without running h.
 //
@@ -364,14 +365,17 @@ func (r *run) dispatch(msgs []redis.XMessage, deliveries map[string]int64) {
 				continue
 			}
 		}
-		select {
-		case r.jobs <- job{m: m, deliveries: d}:
-		case <-r.rctx.Done():
-			for _, m := range msgs[i:] {
-				r.held.remove(m.ID)
+		if r.rctx.Err() == nil {
+			select {
+			case r.jobs <- job{m: m, deliveries: d}:
+				continue
+			case <-r.rctx.Done():
 			}
-			return
 		}
+		for _, m := range msgs[i:] {
+			r.held.remove(m.ID)
+		}
+		return
 	}
 }
 

@@ -20,10 +20,11 @@
 // default its fields), after the scope (WithScope). Then, by what Do
 // returned (the rule is idem.Ack):
 //
-//	nil, idem.Permanent, a replayed failure, ErrConflict  → XACK
+//	nil, idem.Permanent, a replayed failure               → XACK
 //	the handler's other errors                            → again after a pause (WithBackoff), as one more delivery
 //	  ... its WithMaxDeliveries-th delivery failed        → XADD to the dead-letter stream, then XACK
 //	in progress elsewhere, Redis failing, not recorded    → again after a pause, not counted as a delivery
+//	idem.ErrConflict: the key has another entry's outcome → XADD to the dead-letter stream, then XACK
 //	no key, idem.ErrInvalidKey, idem.ErrCorrupt           → XADD to the dead-letter stream, then XACK
 //
 // The dead-letter stream (WithDeadLetter) gets the entry's fields and the

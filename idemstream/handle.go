@@ -81,6 +81,11 @@ func (r *run) handle(j job) {
 		}
 		_, err := r.c.keys.Do(r.hctx, key, fp, fn)
 		switch {
+		case errors.Is(err, idem.ErrConflict):
+			// Stored for the key is another entry's outcome: this one was
+			// not handled. Keep it where an operator sees it.
+			r.deadLetter(m, d, err)
+			return
 		case idem.Ack(err):
 			r.ack(m)
 			return

@@ -77,8 +77,9 @@ func WithKey(key func(redis.XMessage) string) Option {
 
 // WithFingerprint sets how an entry's fingerprint is computed: a key seen
 // before with another fingerprint is a conflict (idem.ErrConflict), and
-// the entry is acknowledged without running the handler. Return "" to
-// skip the check.
+// the entry is dead-lettered without running the handler. Fingerprint
+// what makes the event (not a send time that a producer's retry changes),
+// or return "" to skip the check.
 // The default is idem.Fingerprint of the entry's fields, independent of
 // their order.
 func WithFingerprint(fingerprint func(redis.XMessage) string) Option {

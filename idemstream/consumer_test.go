@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstream"
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -406,5 +408,62 @@ func TestHeartbeat(t *testing.T) {
 	defer mu.Unlock()
 	if fmt.Sprint(by) != "map[ev-0:[slow] ev-1:[slow]]" {
 		t.Errorf("handled by %v, want both by the slow consumer, once", by)
+	}
+}
+
+// TestRedisRestarts: the stream's Redis is killed while the consumer
+// waits for entries, and restarted from its append-only file: Run goes on
+// and reports the failed reads through its logger. Then idem's Redis (a
+// server of its own) is killed while entries arrive: Do fails before the
+// handler runs, which is not a delivery, so with WithMaxDeliveries(1)
+// nothing is dead-lettered; the entries are handled once it is back.
+func TestRedisRestarts(t *testing.T) {
+	streams := redistest.Start(t, redistest.Config{AppendOnly: true})
+	records := redistest.Start(t, redistest.Config{AppendOnly: true})
+	rdb := newClient(t, streams.Addr())
+	a := newApplier(rdb, "app")
+	var l logs
+	// idem's client gives up on a dead server at once, so that Do fails
+	// while it is down.
+	fast := redis.NewClient(&redis.Options{Addr: records.Addr(), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { _ = fast.Close() })
+	keys := idem.New(fast, idem.WithLease(testLease), idem.WithLogger(nil))
+	t.Cleanup(func() { _ = keys.Close() })
+	c := idemstream.New(keys, newClient(t, streams.Addr()), "s", "g", "c1", idemstream.WithKey(eventKey),
+		idemstream.WithMaxDeliveries(1), idemstream.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
+		idemstream.WithLogger(slog.New(&l)))
+	r := start(t, c, a.apply)
+	ids := produce(t, rdb, "s", []int{0, 1, 2})
+	drained(t, rdb, "s", "g", ids[2], time.Minute)
+
+	streams.Kill()
+	time.Sleep(1500 * time.Millisecond)
+	streams.Restart(t)
+	ids = produce(t, rdb, "s", []int{3, 4, 5})
+	drained(t, rdb, "s", "g", ids[2], time.Minute)
+	reported := false
+	for _, m := range l.all() {
+		reported = reported || strings.Contains(m, "read new entries failed; trying again")
+	}
+	if !reported {
+		t.Errorf("the failed reads were not reported; the logger got %q", l.all())
+	}
+
+	records.Kill()
+	ids = produce(t, rdb, "s", []int{6, 7, 8})
+	time.Sleep(1500 * time.Millisecond)
+	records.Restart(t)
+	drained(t, rdb, "s", "g", ids[2], time.Minute)
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	counts := a.counts(t)
+	for ev := range 9 {
+		if n := counts[eventID(ev)]; n != 1 {
+			t.Errorf("%s applied %d times, want 1", eventID(ev), n)
+		}
+	}
+	if dl := deadLetters(t, rdb, "s:dead"); len(dl) != 0 {
+		t.Errorf("dead-lettered %v, want nothing: Redis's failures before the handler are not deliveries", dl)
 	}
 }

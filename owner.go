@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // release gives the claim up if it is still ours, so the next caller can
@@ -69,7 +71,7 @@ func (c *Client) complete(ctx context.Context, keys []string, claimed, record []
 	dctx := c.bounds.detached(ctx)
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := c.write(dctx, completeScript, keys, claimed, record, c.retentionMs, c.publish).Int64()
+		n, err := c.completeScript(dctx, keys, claimed, record).Int64()
 		switch {
 		case err == nil && n == 1:
 			return nil
@@ -230,4 +232,15 @@ func (c *Client) finishFromLedger(ctx context.Context, key string, keys []string
 	c.observeLedger(ctx, key, mine, e.Failed)
 	res, err = ledgerOutcome(key, fp, e)
 	return res, err, false
+}
+
+// completeScript runs lua/complete.lua once, with the tombstone's
+// arguments when the Client leaves tombstones.
+func (c *Client) completeScript(ctx context.Context, keys []string, claimed, record []byte) *redis.Cmd {
+	if !c.tomb.on {
+		return c.write(ctx, completeScript, keys, claimed, record, c.retentionMs, c.publish)
+	}
+	tkeys := []string{keys[0], keys[1], c.tomb.base(c.cfg.prefix, keys[0])}
+	return c.write(ctx, completeScript, tkeys, claimed, record, c.retentionMs, c.publish,
+		tombstoneField(keys[0]), c.tomb.span, c.tomb.window)
 }

@@ -10,8 +10,10 @@ import "errors"
 // commit, a JetStream Ack, an SQS DeleteMessage): true when the key's
 // outcome is stored, so a redelivery would only replay it. That is a
 // success (nil), a permanent failure (Permanent, a replayed *StoredError,
-// a result over WithMaxResultSize), a conflict (ErrConflict), and a stored
-// result that no longer decodes into Do's type (ErrDecode).
+// a result over WithMaxResultSize), a conflict (ErrConflict), a retry
+// after the retention that a tombstone refused (ErrLateRetry: the key's
+// operation ran), and a stored result that no longer decodes into Do's
+// type (ErrDecode).
 //
 // It is false when nothing is stored yet and a redelivery must try again:
 // a transient error of fn, ErrInProgress, ErrNotRecorded, ErrLeaseLost,
@@ -28,7 +30,7 @@ func Ack(err error) bool {
 		// Checked first: Do joins these with fn's permanent error when
 		// the failure could not be stored.
 		return false
-	case errors.Is(err, ErrConflict), errors.Is(err, ErrTooLarge),
+	case errors.Is(err, ErrConflict), errors.Is(err, ErrLateRetry), errors.Is(err, ErrTooLarge),
 		errors.Is(err, ErrDecode), IsPermanent(err):
 		return true
 	}

@@ -80,6 +80,14 @@ func TestAck(t *testing.T) {
 	_, err = idem.Do(ctx, c, "decode", "", func(context.Context) (v2, error) { return v2{}, nil })
 	add("ErrDecode (a stored result, another type)", must("decode", err, idem.ErrDecode), true)
 
+	late := b.idem(t, idem.WithLease(time.Second), idem.WithRetention(2*time.Second), idem.WithTombstones(time.Hour))
+	if _, err := late.Do(ctx, "late", "fp", ok); err != nil {
+		t.Fatal(err)
+	}
+	b.advance(t, 3*time.Second)
+	_, err = late.Do(ctx, "late", "fp", ok)
+	add("ErrLateRetry (a tombstone)", must("late retry", err, idem.ErrLateRetry), true)
+
 	// Nothing stored: do not acknowledge.
 	add("fn's transient error", do("transient", "", fail(errors.New("database down"))), false)
 	_, err = idem.Do(ctx, c, "refused", "", func(context.Context) (chan int, error) { return nil, nil })

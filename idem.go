@@ -332,12 +332,12 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 	b, err := c.Do(ctx, key, fingerprint, func(ctx context.Context) ([]byte, error) {
 		p := pendingIn(ctx)
 		if p != nil {
-			p.setCodec(codec.t.String(), func(v any) ([]byte, error) {
+			p.setCodec(rc.Type().String(), func(v any) ([]byte, error) {
 				t, ok := v.(T)
 				if !ok {
-					return nil, fmt.Errorf("Do[%s] records a %s, not a %T", codec.t, codec.t, v)
+					return nil, fmt.Errorf("Do[%s] records a %s, not a %T", rc.Type(), rc.Type(), v)
 				}
-				return codec.encode(&t)
+				return rc.Encode(&t)
 			})
 		}
 		v, err := fn(ctx)

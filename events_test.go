@@ -380,7 +380,7 @@ func TestEventError(t *testing.T) {
 		_, err = c.Do(ctx, "k", "", led.fn("never"))
 		ev := r.take()
 		mustKinds(t, ev, "error")
-		if err == nil || ev[0].Err != err || led.count("k") != 0 {
+		if err == nil || !errors.Is(ev[0].Err, err) || strings.Contains(ev[0].Err.Error(), `"k"`) || led.count("k") != 0 {
 			t.Fatalf("Do: %v; event %+v", err, ev[0])
 		}
 	})

@@ -194,7 +194,8 @@ func WithMaxResultSize(n int) Option {
 
 // WithLogger sets the logger for what the Client notices on its own: a Redis
 // eviction policy that can drop live claims, failures to renew a lease or
-// to release a claim. A nil logger discards.
+// to release a claim. Records name keys by their digest (see LogAttrs). A
+// nil logger discards.
 // The default is slog.Default(), as it is when a message is logged.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {

@@ -3,11 +3,12 @@
 package idem
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem/internal/slogdefault"
 )
 
 // An Option configures a Client. Pass options to New.
@@ -45,7 +46,7 @@ func defaultConfig() config {
 		maxKeyLen:     512,
 		maxResultSize: 1 << 20,
 		pipelines:     defaultPipelines,
-		logger:        slog.New(defaultHandler{}),
+		logger:        slog.New(slogdefault.Handler{}),
 	}
 }
 
@@ -204,27 +205,6 @@ func WithLogger(l *slog.Logger) Option {
 		}
 		c.logger = l
 	}
-}
-
-// defaultHandler sends each record to the handler of slog.Default() at the
-// time it is logged, so that a program that sets its default logger after
-// New still gets the Client's warnings.
-type defaultHandler struct{}
-
-func (defaultHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return slog.Default().Handler().Enabled(ctx, l)
-}
-
-func (defaultHandler) Handle(ctx context.Context, r slog.Record) error {
-	return slog.Default().Handler().Handle(ctx, r)
-}
-
-func (defaultHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return slog.Default().Handler().WithAttrs(attrs)
-}
-
-func (defaultHandler) WithGroup(name string) slog.Handler {
-	return slog.Default().Handler().WithGroup(name)
 }
 
 // WithReplicas makes every claim and every recorded outcome wait until n

@@ -9,6 +9,7 @@ import (
 	"encoding"
 	"encoding/binary"
 	"encoding/hex"
+	"hash"
 	"math"
 	"reflect"
 	"slices"
@@ -60,11 +61,17 @@ import (
 // Fingerprint read unexported fields and marshalers.
 func Fingerprint(parts ...any) string {
 	var b bytes.Buffer
-	e := fpEncoder{b: &b}
+	e := fpEncoder{b: &b, top: true}
 	for _, p := range parts {
 		e.value(addressable(reflect.ValueOf(p)))
 	}
-	sum := sha256.Sum256(b.Bytes())
+	var sum [sha256.Size]byte
+	if e.h == nil {
+		sum = sha256.Sum256(b.Bytes())
+	} else {
+		e.h.Write(b.Bytes())
+		copy(sum[:], e.h.Sum(nil))
+	}
 	return hex.EncodeToString(sum[:16])
 }
 
@@ -74,6 +81,11 @@ func Fingerprint(parts ...any) string {
 // receivers and unexported state can be reached.
 type fpEncoder struct {
 	b *bytes.Buffer
+	// h is the hash that a large encoding streams into, once it has
+	// outgrown fpSpill: what b holds then goes there. top is whether b is
+	// the encoding itself, not a map entry's (sorted before it is written).
+	h   hash.Hash
+	top bool
 	// path holds the pointers, maps and slices being encoded, outermost
 	// first; on holds their positions in path, to find a cycle at once.
 	path []fpRef
@@ -96,6 +108,9 @@ var (
 
 // value writes v, which is invalid (a nil part) or addressable.
 func (e *fpEncoder) value(v reflect.Value) {
+	if e.top && e.b.Len() >= fpSpill {
+		e.spill()
+	}
 	b := e.b
 	if !v.IsValid() {
 		b.WriteByte('0')
@@ -141,10 +156,14 @@ func (e *fpEncoder) value(v reflect.Value) {
 		writeUint(b, math.Float64bits(imag(v.Complex())))
 	case reflect.String:
 		b.WriteByte('s')
-		writeBytes(b, []byte(v.String()))
+		e.large(stringBytes(v.String()))
 	case reflect.Slice, reflect.Array:
 		if t.Elem().Kind() == reflect.Uint8 {
 			b.WriteByte('B')
+			if t.Kind() == reflect.Slice || v.CanAddr() {
+				e.large(v.Bytes())
+				return
+			}
 			by := make([]byte, v.Len())
 			reflect.Copy(reflect.ValueOf(by), v)
 			writeBytes(b, by)
@@ -207,7 +226,8 @@ func (e *fpEncoder) mapEntries(v reflect.Value) {
 	writeUint(e.b, uint64(v.Len()))
 	type entry struct{ k, v []byte }
 	entries := make([]entry, 0, v.Len())
-	outer := e.b
+	outer, top := e.b, e.top
+	e.top = false
 	it := v.MapRange()
 	for it.Next() {
 		var kb, vb bytes.Buffer
@@ -217,7 +237,7 @@ func (e *fpEncoder) mapEntries(v reflect.Value) {
 		e.value(addressable(it.Value()))
 		entries = append(entries, entry{kb.Bytes(), vb.Bytes()})
 	}
-	e.b = outer
+	e.b, e.top = outer, top
 	// By key; by value too, for keys that encode alike (NaNs).
 	slices.SortFunc(entries, func(x, y entry) int {
 		if c := bytes.Compare(x.k, y.k); c != 0 {
@@ -338,6 +358,33 @@ func marshal(v reflect.Value, m fpMarshaler) (data []byte, ok bool) {
 	}
 	return data, err == nil
 }
+
+// fpSpill is the size from which an encoding streams into the hash.
+const fpSpill = 64 << 10
+
+// spill moves what e.b holds into the hash.
+func (e *fpEncoder) spill() {
+	if e.h == nil {
+		e.h = sha256.New()
+	}
+	e.h.Write(e.b.Bytes())
+	e.b.Reset()
+}
+
+// large writes p as writeBytes does, straight into the hash when it is
+// large: a large string or byte slice is hashed where it lies.
+func (e *fpEncoder) large(p []byte) {
+	if !e.top || len(p) < fpSpill {
+		writeBytes(e.b, p)
+		return
+	}
+	writeUint(e.b, uint64(len(p)))
+	e.spill()
+	e.h.Write(p)
+}
+
+// stringBytes returns the bytes of s without a copy, for a hash to read.
+func stringBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 func writeUint(b *bytes.Buffer, x uint64) {
 	var buf [8]byte

@@ -394,7 +394,7 @@ func digest(fingerprint string) string {
 	if fingerprint == "" {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(fingerprint))
+	sum := sha256.Sum256(stringBytes(fingerprint)) // no copy: it may be large
 	return string(sum[:16])
 }
 

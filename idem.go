@@ -223,6 +223,14 @@ type attemptKey struct{}
 
 // AttemptFrom returns the Attempt that ctx belongs to. It reports false
 // outside the fn of a Do call.
+//
+// fn's context ends when the lease is lost, or when the owner's lease
+// deadline passes without a renewal (cause ErrLeaseLost), but its
+// Deadline() is the caller's context's (none if the caller set none): the
+// lease deadline moves with every renewal, so it is not reported as a
+// deadline. Check ctx.Err() before each side effect, and bound a
+// downstream call by a timeout shorter than the lease (WithLease), not by
+// ctx.Deadline().
 func AttemptFrom(ctx context.Context) (Attempt, bool) {
 	a, ok := ctx.Value(attemptKey{}).(*Attempt)
 	if !ok {

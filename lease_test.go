@@ -666,3 +666,34 @@ func TestManyLeasesRenewed(t *testing.T) {
 		}
 	}
 }
+
+// fn's context reports the caller's deadline, or none, not the lease's
+// (which renewals move): documented at AttemptFrom. It still ends when
+// the lease does (TestHangingRenewalEndsFnContext).
+func TestFnDeadlineIsTheCallers(t *testing.T) {
+	b := newMiniredis(t)
+	c := b.idem(t, idem.WithLease(time.Second))
+	type seen struct {
+		at time.Time
+		ok bool
+	}
+	deadlineIn := func(ctx context.Context, key string) seen {
+		var s seen
+		if _, err := c.Do(ctx, key, "", func(ctx context.Context) ([]byte, error) {
+			s.at, s.ok = ctx.Deadline()
+			return nil, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := deadlineIn(context.Background(), "no-deadline"); s.ok {
+		t.Errorf("a caller without a deadline: fn's context has one, %v", s.at)
+	}
+	want := time.Now().Add(time.Hour)
+	ctx, cancel := context.WithDeadline(context.Background(), want)
+	defer cancel()
+	if s := deadlineIn(ctx, "deadline"); !s.ok || !s.at.Equal(want) {
+		t.Errorf("fn's deadline %v (%v), want the caller's %v", s.at, s.ok, want)
+	}
+}

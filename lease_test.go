@@ -490,7 +490,10 @@ func nil2(context.Context) ([]byte, error) { return nil, errors.New("a waiter ra
 
 func TestCrashedOwnerTakenOver(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		const lease = 200 * time.Millisecond
+		// A second: with 200ms, on a loaded machine the dead owner's lease
+		// ended before the first call, or the takeover's claim came back
+		// with too little of its lease (TestSuiteBesideBusyGoroutines).
+		const lease = time.Second
 		c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
 		ctx := context.Background()
 		rk := idem.RecordKey(c, "k")
@@ -550,7 +553,9 @@ func TestStaleOwnerLosesLease(t *testing.T) {
 
 func TestLeaseLossCancelsFn(t *testing.T) {
 	b := newRedis(t, redistest.Config{})
-	c := b.idem(t, idem.WithLease(60*time.Millisecond), idem.WithWait(0))
+	// A second: with 60ms, on a loaded machine the claim came back with too
+	// little of its lease and fn did not run (TestSuiteBesideBusyGoroutines).
+	c := b.idem(t, idem.WithLease(time.Second), idem.WithWait(0))
 	ctx := context.Background()
 	rk := idem.RecordKey(c, "k")
 	cause := make(chan error, 1)
@@ -580,7 +585,9 @@ func TestLeaseLossCancelsFn(t *testing.T) {
 
 func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 	b := newRedis(t, redistest.Config{})
-	const lease = 90 * time.Millisecond
+	// A second: with 90ms, a loaded machine delayed renewals past the lease
+	// (TestSuiteBesideBusyGoroutines).
+	const lease = time.Second
 	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
 	ctx := context.Background()
 	var l ledger
@@ -597,7 +604,7 @@ func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 	}()
 	<-inFn
 	// Several leases later, the owner still holds the key.
-	time.Sleep(4 * lease)
+	time.Sleep(3 * lease)
 	if _, err := c.Do(ctx, "k", "fp", l.fn("dup")); !errors.Is(err, idem.ErrInProgress) {
 		t.Fatalf("during a renewed lease: got %v, want ErrInProgress", err)
 	}
@@ -617,7 +624,9 @@ func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 // long fn must keep its key, and every fn run once.
 func TestManyLeasesRenewed(t *testing.T) {
 	b := newRedis(t, redistest.Config{})
-	const lease = 90 * time.Millisecond
+	// A lease of a second: with 90ms, a loaded machine delayed renewals past
+	// the lease and every long fn lost its key (TestSuiteBesideBusyGoroutines).
+	const lease = time.Second
 	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
 	ctx := context.Background()
 	var l ledger

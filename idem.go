@@ -343,7 +343,7 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 			p.setCodec(rc.Type().String(), func(v any) ([]byte, error) {
 				t, ok := v.(T)
 				if !ok {
-					return nil, fmt.Errorf("Do[%s] records a %s, not a %T", rc.Type(), rc.Type(), v)
+					return nil, fmt.Errorf("idem: Do[%s] records a %s, not a %T", rc.Type(), rc.Type(), v)
 				}
 				return rc.Encode(&t)
 			})

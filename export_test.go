@@ -38,8 +38,8 @@ func Subscribed(c *Client) int {
 func NoPolling(c *Client) { c.firstPoll = time.Hour }
 
 // ScriptSource is the full source of the named script ("claim",
-// "complete", "release", "renew", "status") as sent to Redis, helpers
-// included.
+// "complete", "release", "renew", "status", "step") as sent to Redis,
+// helpers included.
 func ScriptSource(name string) string { return scriptByName(name).src }
 
 // ScriptSHA is the SHA-1 that EVALSHA sends for the named script.
@@ -57,6 +57,8 @@ func scriptByName(name string) script {
 		return renewScript
 	case "status":
 		return statusScript
+	case "step":
+		return stepScript
 	}
 	panic("no script " + name)
 }
@@ -71,7 +73,7 @@ type ClaimReply struct {
 
 // ClaimResult decodes a reply of lua/claim.lua (see claimResult).
 func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
-	r, err := claimResult(v, fp, lease)
+	r, err := claimResult(v, fp, lease, 0)
 	return ClaimReply{r.kind, r.n, r.leaseLeft, r.payload}, err
 }
 
@@ -110,4 +112,17 @@ func Queued(c *Client) int {
 func SetSlowPipeline(c *Client, d time.Duration) {
 	c.scripts.slow = d
 	c.scripts.one.slow = d
+}
+
+// TombstoneCompletion returns what c sends to finish key's attempt 1 as
+// owner token, with result res, when c leaves tombstones: the claim record
+// to store first (as claim.lua would), and the keys and arguments of
+// lua/complete.lua. For TestTombstoneMemory, which sends many at once.
+func TombstoneCompletion(c *Client, key, fp, token string, res []byte) (claimed []byte, keys []string, args []any) {
+	d := digest(fp)
+	claimed = c.claimRecord(d, token, 1)
+	record, _ := finishedRecord('d', d, token, 1, res)
+	ks := c.keys(key)
+	return claimed, []string{ks[0], ks[1], c.tomb.base(c.cfg.prefix, ks[0])},
+		[]any{claimed, record, c.retentionMs, c.publish, tombstoneField(ks[0]), c.tomb.span, c.tomb.window}
 }

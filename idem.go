@@ -60,6 +60,14 @@
 // system's own idempotency mechanism, and use Attempt.Number as a fencing
 // token (or a cue to reconcile) when it is greater than 1.
 //
+// # Steps
+//
+// An fn of several effects wraps each in Step: a step's outcome is
+// checkpointed beside the record (compare-and-set on the owner token), and
+// a later attempt resumes after the last checkpointed step. StepKey gives
+// each step a stable key for the downstream system, which alone covers a
+// step that acted and crashed before its checkpoint. See docs/steps.md.
+//
 // # Redis
 //
 // New takes any go-redis UniversalClient: a single server, Sentinel
@@ -115,6 +123,10 @@ type Client struct {
 	// "SPUBLISH" ("" in tests that lose notifications), and the lease and
 	// retention in milliseconds.
 	publish, leaseMs, retentionMs any
+	// ages is claim.lua's ARGV[3]: "1" to have replays' ages, for the
+	// events (see Event.Age), else "".
+	ages any
+	tomb tombstones
 	// mark is the lease mark of a new claim (see lua/record.lua), in
 	// decimal: the retention less the lease, in milliseconds.
 	mark string
@@ -157,10 +169,19 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		mark: strconv.FormatInt(cfg.retention.Milliseconds()-cfg.lease.Milliseconds(), 10),
 	}
 	c.bounds.d = cfg.storeTimeout
+	c.ages = ""
+	if len(cfg.observers) > 0 {
+		c.ages = "1"
+	}
+	if cfg.tombstones > 0 {
+		span := cfg.retention + cfg.tombstones
+		c.tomb = tombstones{on: true, span: span.Milliseconds(), window: tombstoneWindow(span).Milliseconds(), buckets: serverBuckets}
+	}
 	c.scripts.init(rdb, cfg.pipelines, &c.bg)
 	c.renewals.c, c.renewals.every = c, cfg.lease/3
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"
+		c.tomb.buckets = 16384
 	}
 	c.hub = newHub(rdb)
 	if rdb != nil {
@@ -343,7 +364,7 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 			p.setCodec(rc.Type().String(), func(v any) ([]byte, error) {
 				t, ok := v.(T)
 				if !ok {
-					return nil, fmt.Errorf("idem: Do[%s] records a %s, not a %T", rc.Type(), rc.Type(), v)
+					return nil, fmt.Errorf("the typed Do records a %s, not a %T", rc.Type(), v)
 				}
 				return rc.Encode(&t)
 			})

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // release gives the claim up if it is still ours, so the next caller can
@@ -67,7 +69,7 @@ func (c *Client) complete(ctx context.Context, keys []string, claimed, record []
 	dctx := c.bounds.detached(ctx)
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := c.write(dctx, completeScript, keys, claimed, record, c.retentionMs, c.publish).Int64()
+		n, err := c.completeScript(dctx, keys, claimed, record).Int64()
 		switch {
 		case err == nil && n == 1:
 			return nil
@@ -114,9 +116,10 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	}{ctx: attemptCtx{Context: cctx, a: Attempt{Key: key, Number: n}, cancel: cancel}}
 	fctx := &o.ctx
 	fctx.deadline.Store(deadline)
+	fctx.steps.init(c, key, keys[0], token, n)
 	var p *Pending
 	if c.cfg.ledger != nil {
-		p = &Pending{key: key, fp: fp, n: n, maxResult: c.cfg.maxResultSize}
+		p = &Pending{key: key, fp: fp, n: n, maxResult: c.cfg.maxResultSize, ledger: c.cfg.ledger}
 		fctx.pending = p
 	}
 	o.lease = renewal{ctx: fctx, keys: keys[:1], token: token,
@@ -129,6 +132,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 			// fn panicked (the panic goes on to the caller) or called
 			// runtime.Goexit (t.FailNow does): stop renewing, give the
 			// claim back, and let either go on.
+			fctx.steps.end()
 			c.renewals.stop(&o.lease)
 			if p != nil {
 				p.close() // a commit left behind gets ErrNoLedger
@@ -149,6 +153,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 		res, err = fn(fctx)
 	}
 	returned = true
+	fctx.steps.end()
 	c.renewals.stop(&o.lease)
 	if p != nil {
 		if e, mine, v := p.close(); e != nil {
@@ -227,4 +232,15 @@ func (c *Client) finishFromLedger(ctx context.Context, key string, keys []string
 	c.observeLedger(ctx, key, mine, e.Failed)
 	res, err = ledgerOutcome(key, fp, e)
 	return res, err, false
+}
+
+// completeScript runs lua/complete.lua once, with the tombstone's
+// arguments when the Client leaves tombstones.
+func (c *Client) completeScript(ctx context.Context, keys []string, claimed, record []byte) *redis.Cmd {
+	if !c.tomb.on {
+		return c.write(ctx, completeScript, keys, claimed, record, c.retentionMs, c.publish)
+	}
+	tkeys := []string{keys[0], keys[1], c.tomb.base(c.cfg.prefix, keys[0])}
+	return c.write(ctx, completeScript, tkeys, claimed, record, c.retentionMs, c.publish,
+		tombstoneField(keys[0]), c.tomb.span, c.tomb.window)
 }

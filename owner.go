@@ -18,8 +18,7 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 	dctx := c.bounds.detached(ctx)
 	err := c.scripts.run(dctx, releaseScript, keys, []any{token, c.publish}).Err()
 	if err != nil {
-		c.cfg.logger.Warn("idem: could not release a claim; the key stays claimed until the lease ends",
-			"record", keys[0], "error", err)
+		c.warnRecord("idem: could not release a claim; the key stays claimed until the lease ends", keys[0], err)
 	}
 }
 
@@ -38,8 +37,7 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 func (c *Client) giveBack(ctx context.Context, keys []string, token string, cause error) {
 	if c.releasing.Add(1) > maxBackgroundReleases {
 		c.releasing.Add(-1)
-		c.cfg.logger.Warn("idem: too many releases under way; the key stays claimed until the lease ends",
-			"record", keys[0])
+		c.warnRecord("idem: too many releases under way; the key stays claimed until the lease ends", keys[0], nil)
 		return
 	}
 	done := make(chan struct{})
@@ -158,12 +156,20 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	fctx.steps.end()
 	c.renewals.stop(&o.lease)
 	if p != nil {
-		if e, mine, v := p.close(); e != nil {
+		e, mine, v, undecided := p.close()
+		if e != nil {
 			res, err, retry = c.finishFromLedger(ctx, key, keys, fp, token, claimed, n, e, mine, err)
 			if ferr, ok := v.(error); ok && mine && e.Failed {
 				err = ferr // the owner's own error, as without a ledger
 			}
 			return res, err, retry
+		}
+		if undecided && err == nil {
+			// fn tried to commit and did not, yet returned success: storing
+			// its result in Redis would record an outcome the ledger lacks.
+			// Transient: the next attempt's lookup tells whether the
+			// commit landed after all.
+			err = fmt.Errorf("idem: key %q: fn returned success, but its ledger commit did not complete: nothing is recorded, and the next call looks the ledger up", key)
 		}
 	}
 	switch {
@@ -229,8 +235,7 @@ func (c *Client) finishFromLedger(ctx context.Context, key string, keys []string
 		c.release(ctx, keys, token)
 	}
 	if mine && !e.Failed && fnErr != nil {
-		c.cfg.logger.Warn("idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands",
-			"key_digest", c.eventKey(key), "error", fnErr)
+		c.warnKey(ctx, "idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands", key, fnErr)
 	}
 	c.observeLedger(ctx, key, mine, e.Failed)
 	res, err = ledgerOutcome(key, fp, e)

@@ -34,7 +34,7 @@ type config struct {
 	timeout   time.Duration // how long each handler's run may take
 }
 
-// defaultConfig returns the workload of a plain `go run ./examples/events`.
+// defaultConfig returns the workload of a plain `go run ./events` (in examples/).
 func defaultConfig() config {
 	return config{events: 300, dup: 0.1, consumers: 3, kills: 6, lease: time.Second, work: 2 * time.Millisecond, seed: 1, timeout: 2 * time.Minute}
 }

@@ -17,9 +17,9 @@
 // The same workload then runs with a plain handler (commit, then XACK),
 // whose credits show the double applications.
 //
-// Usage:
+// Usage (from the examples directory, a module of its own):
 //
-//	go run ./examples/events [-events 300] [-dup 0.1] [-consumers 3] [-kills 6]
+//	go run ./events [-events 300] [-dup 0.1] [-consumers 3] [-kills 6]
 //		[-lease 1s] [-work 2ms] [-seed 1] [-timeout 2m] [-redis ADDR]
 //
 // Without -redis it runs on an embedded miniredis. With one, it writes only

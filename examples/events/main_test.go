@@ -52,7 +52,7 @@ func TestConsumersKilled(t *testing.T) {
 	}
 }
 
-// TestDefaultRun is `go run ./examples/events` with fewer events: on the
+// TestDefaultRun is `go run ./events` with fewer events: on the
 // embedded miniredis, every event once.
 func TestDefaultRun(t *testing.T) {
 	cfg := defaultConfig()

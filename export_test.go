@@ -6,7 +6,7 @@ import "time"
 
 // SetBeforeSubscribe installs a hook that runs between a waiter's claim and
 // its subscribe, where a missed notification would hide.
-func SetBeforeSubscribe(c *Client, hook func(channel string)) { c.hub.beforeSubscribe = hook }
+func SetBeforeSubscribe(c *Client, hook func(channel string)) { c.hub.BeforeSubscribe(hook) }
 
 // LosePublishes makes c's scripts publish nothing, as if every notification
 // were lost; waiters then rely on polling.
@@ -15,9 +15,7 @@ func LosePublishes(c *Client) { c.publish = "" }
 // PollOnly makes c neither publish nor subscribe: waiting is polling only.
 func PollOnly(c *Client) {
 	c.publish = ""
-	c.hub.mu.Lock()
-	c.hub.disabled = true
-	c.hub.mu.Unlock()
+	c.hub.Disable()
 }
 
 // RecordKey is the Redis key of key's record.
@@ -27,11 +25,7 @@ func RecordKey(c *Client, key string) string { return c.recordKey(key) }
 func ChannelKey(c *Client, key string) string { return c.keys(key)[1] }
 
 // Subscribed is the number of channels c's hub is subscribed to.
-func Subscribed(c *Client) int {
-	c.hub.mu.Lock()
-	defer c.hub.mu.Unlock()
-	return len(c.hub.chans)
-}
+func Subscribed(c *Client) int { return c.hub.Subscribed() }
 
 // NoPolling makes c's waiters rely on pub/sub alone (and the owner's lease
 // end): their first poll is an hour away.

@@ -71,7 +71,7 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 				return nil, fmt.Errorf("%w: key %q: %w", ErrInProgress, key, ctx.Err())
 			case <-timer.C:
 				return nil, fmt.Errorf("%w: key %q", ErrInProgress, key)
-			case <-c.hub.done:
+			case <-c.hub.Done():
 				return nil, ErrClosed
 			}
 		}

@@ -101,6 +101,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-go/idem/internal/notify"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -118,7 +119,7 @@ type Client struct {
 	// decimal: the retention less the lease, in milliseconds.
 	mark string
 
-	hub      *hub
+	hub      *notify.Hub
 	scripts  runner // runs the scripts that change records, concurrent calls' in shared pipelines
 	flights  flights
 	bounds   bounds // of recording an outcome, and of releasing a claim
@@ -161,7 +162,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"
 	}
-	c.hub = newHub(rdb)
+	c.hub = notify.New(rdb)
 	if rdb != nil {
 		c.bg.Add()
 		go func() {
@@ -186,7 +187,7 @@ func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
-	err := c.hub.close()
+	err := c.hub.Close()
 	c.bg.Wait()
 	return err
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem/internal/notify"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -33,7 +34,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 	token := newToken()
 	first := c.claimRecord(fp, token, 1) // what a claim of a new key writes
 	var (
-		w     *watcher
+		w     *notify.Watcher
 		seen  int64       // the attempt number last seen in progress
 		owner string      // the token of its owner
 		woken *claimReply // an outcome that the owner's notification carried
@@ -42,7 +43,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 	)
 	defer func() {
 		if w != nil {
-			w.stop()
+			w.Stop()
 		}
 		if timer != nil {
 			timer.Stop()
@@ -111,7 +112,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 				}
 			}
 			if w != nil {
-				w.stop()
+				w.Stop()
 				w = nil
 			}
 			claimed := first
@@ -136,7 +137,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			return nil, fmt.Errorf("%w: key %q, attempt %d", ErrInProgress, key, r.n), true
 		}
 		if w == nil {
-			w = c.hub.watch(keys[1])
+			w = c.hub.Watch(keys[1])
 		}
 		d := min(jitter(pause), r.leaseLeft, until.Sub(now))
 		pause = min(2*pause, c.cfg.pollInterval)
@@ -146,9 +147,9 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			timer.Reset(d)
 		}
 		select {
-		case <-w.sig:
-			if msg := w.note.Swap(nil); msg != nil {
-				if r, ok := notified(*msg, fp, owner); ok {
+		case <-w.C():
+			if msg, ok := w.Note(); ok {
+				if r, ok := notified(msg, fp, owner); ok {
 					// Its own copy: the message is shared by every waiter
 					// of the channel, and a result is the caller's to
 					// change (see replyBytes).
@@ -159,7 +160,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 		case <-timer.C:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, r.n, ctx.Err()), true
-		case <-c.hub.done:
+		case <-c.hub.Done():
 			return nil, ErrClosed, false
 		}
 	}

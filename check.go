@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -141,9 +142,9 @@ func (c *Client) checkServer(ctx context.Context, rdb *redis.Client) ServerCheck
 	}
 	for _, sc := range []struct {
 		name string
-		s    script
+		s    pipeline.Script
 	}{{"claim", claimScript}, {"complete", completeScript}, {"release", releaseScript}, {"renew", renewScript}, {"status", statusScript}} {
-		sha, err := rdb.ScriptLoad(ctx, sc.s.src).Result()
+		sha, err := rdb.ScriptLoad(ctx, sc.s.Src).Result()
 		if err != nil {
 			problem("cannot load the %s script (%v); allow EVAL, EVALSHA and SCRIPT LOAD (ACL category @scripting) to the client's user", sc.name, err)
 			break

@@ -1,6 +1,10 @@
 package idem
 
-import "time"
+import (
+	"time"
+
+	"github.com/idem-go/idem/internal/pipeline"
+)
 
 // Test-only access to internals, for the tests in package idem_test.
 
@@ -34,12 +38,12 @@ func NoPolling(c *Client) { c.firstPoll = time.Hour }
 // ScriptSource is the full source of the named script ("claim",
 // "complete", "release", "renew", "status") as sent to Redis, helpers
 // included.
-func ScriptSource(name string) string { return scriptByName(name).src }
+func ScriptSource(name string) string { return scriptByName(name).Src }
 
 // ScriptSHA is the SHA-1 that EVALSHA sends for the named script.
 func ScriptSHA(name string) string { return scriptByName(name).Hash() }
 
-func scriptByName(name string) script {
+func scriptByName(name string) pipeline.Script {
 	switch name {
 	case "claim":
 		return claimScript
@@ -92,16 +96,9 @@ func HasFollower(c *Client, key string) bool {
 
 // Queued is the number of script runs waiting for a pipeline in c's
 // batcher (not on a cluster).
-func Queued(c *Client) int {
-	c.scripts.one.mu.Lock()
-	defer c.scripts.one.mu.Unlock()
-	return len(c.scripts.one.queue)
-}
+func Queued(c *Client) int { return c.scripts.Queued() }
 
 // SetSlowPipeline sets how long a pipeline of c's may be in flight before
 // it stops holding its place (50ms): tests that hold a pipeline and need
 // the calls behind it to stay queued set it long. Set it before c sends.
-func SetSlowPipeline(c *Client, d time.Duration) {
-	c.scripts.slow = d
-	c.scripts.one.slow = d
-}
+func SetSlowPipeline(c *Client, d time.Duration) { c.scripts.SetSlow(d) }

@@ -102,6 +102,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/notify"
+	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -120,7 +121,7 @@ type Client struct {
 	mark string
 
 	hub      *notify.Hub
-	scripts  runner // runs the scripts that change records, concurrent calls' in shared pipelines
+	scripts  *pipeline.Runner // runs the scripts that change records, concurrent calls' in shared pipelines
 	flights  flights
 	bounds   bounds // of recording an outcome, and of releasing a claim
 	renewals renewals
@@ -130,8 +131,8 @@ type Client struct {
 	// client's clock against the server's, and for timers that fire late.
 	margin time.Duration
 
-	bg        background   // work that outlives its call (releases, renewal calls), and New's check
-	releasing atomic.Int64 // releases under way in the background
+	bg        pipeline.Work // work that outlives its call (releases, renewal calls, senders), and New's check
+	releasing atomic.Int64  // releases under way in the background
 
 	closed atomic.Bool
 }
@@ -157,7 +158,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		mark: strconv.FormatInt(cfg.retention.Milliseconds()-cfg.lease.Milliseconds(), 10),
 	}
 	c.bounds.d = cfg.storeTimeout
-	c.scripts.init(rdb, cfg.pipelines, &c.bg)
+	c.scripts = pipeline.NewRunner(rdb, cfg.pipelines, &c.bg)
 	c.renewals.c, c.renewals.every = c, cfg.lease/3
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"

@@ -32,6 +32,9 @@ type config struct {
 	problems      []string
 }
 
+// defaultPipelines is the default of WithPipelines.
+const defaultPipelines = 4
+
 func defaultConfig() config {
 	return config{
 		prefix:        "idem",

@@ -8,13 +8,15 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idem-go/idem/internal/pipeline"
 )
 
 // release gives the claim up if it is still ours, so the next caller can
 // take over at once instead of after the lease.
 func (c *Client) release(ctx context.Context, keys []string, token string) {
 	dctx := c.bounds.detached(ctx)
-	err := c.scripts.run(dctx, releaseScript, keys, []any{token, c.publish}).Err()
+	err := c.scripts.Run(dctx, releaseScript, keys, token, c.publish).Err()
 	if err != nil {
 		c.cfg.logger.Warn("idem: could not release a claim; the key stays claimed until the lease ends",
 			"record", keys[0], "error", err)
@@ -41,7 +43,7 @@ func (c *Client) giveBack(ctx context.Context, keys []string, token string, caus
 		return
 	}
 	done := make(chan struct{})
-	sent := inFlight(cause)
+	sent := pipeline.InFlight(cause)
 	c.bg.Add()
 	go func() {
 		defer c.bg.Done()

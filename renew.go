@@ -218,6 +218,6 @@ const maxPendingRenewals = 2
 // whether the claim is still ours, and when the renewal was sent (mono).
 func (c *Client) renew(ctx context.Context, keys []string, token string) (renewed bool, sent int64, err error) {
 	sent = mono()
-	n, err := c.scripts.run(ctx, renewScript, keys[:1], []any{token, c.leaseMs, c.retentionMs}).Int64()
+	n, err := c.scripts.Run(ctx, renewScript, keys[:1], token, c.leaseMs, c.retentionMs).Int64()
 	return err == nil && n == 1, sent, err
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -33,22 +34,15 @@ var (
 	statusScript   = newScript(statusSrc)
 )
 
-// script is a Lua script with its source at hand, for the pipelined EVAL
-// fallback of WithReplicas.
-type script struct {
-	*redis.Script
-	src string
-}
-
 // newScript inserts the helpers of lua/record.lua into a script where it
 // says --[[lua/record.lua]], or else at its top.
-func newScript(src string) script {
+func newScript(src string) pipeline.Script {
 	if strings.Contains(src, recordMarker) {
 		src = strings.Replace(src, recordMarker, recordSrc, 1)
 	} else {
 		src = recordSrc + "\n" + src
 	}
-	return script{redis.NewScript(src), src}
+	return pipeline.NewScript(src)
 }
 
 const recordMarker = "--[[lua/record.lua]]"
@@ -66,19 +60,19 @@ func (c *Client) claim(ctx context.Context, keys []string, fp string, first []by
 }
 
 // write runs a script that changes a record: alone, or in one pipeline with
-// concurrent calls' scripts (see batch.go). With WithReplicas, the script
+// concurrent calls' scripts (see internal/pipeline). With WithReplicas, the script
 // goes alone: it and a WAIT go in one pipeline, on one connection to the record's primary,
 // and a shortfall of replicas is an error wrapping ErrNotReplicated (the
 // script's reply is kept in the returned command all the same).
-func (c *Client) write(ctx context.Context, s script, keys []string, args ...any) *redis.Cmd {
+func (c *Client) write(ctx context.Context, s pipeline.Script, keys []string, args ...any) *redis.Cmd {
 	if c.cfg.replicas == 0 {
-		return c.scripts.run(ctx, s, keys, args)
+		return c.scripts.Run(ctx, s, keys, args...)
 	}
 	var node redis.Cmdable = c.rdb
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		m, err := cc.MasterForKey(ctx, keys[0])
 		if err != nil {
-			return errCmd(ctx, err)
+			return pipeline.ErrCmd(ctx, err)
 		}
 		node = m
 	}
@@ -88,7 +82,7 @@ func (c *Client) write(ctx context.Context, s script, keys []string, args ...any
 		if sha {
 			cmd = pipe.EvalSha(ctx, s.Hash(), keys, args...)
 		} else {
-			cmd = pipe.Eval(ctx, s.src, keys, args...)
+			cmd = pipe.Eval(ctx, s.Src, keys, args...)
 		}
 		w := pipe.Do(ctx, "WAIT", c.cfg.replicas, c.cfg.replicaWait.Milliseconds())
 		_, _ = pipe.Exec(ctx)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/notify"
+	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -175,9 +176,9 @@ func jitter(d time.Duration) time.Duration {
 // server: its reply was lost, it timed out, or it was cancelled after it was
 // sent. It did not run when Redis answered with an error, when no
 // connection could be made, or when the call's context ended while it was
-// queued for a pipeline (see batcher).
+// queued for a pipeline.
 func mayHaveRun(err error) bool {
-	if notSent(err) {
+	if pipeline.NotSent(err) {
 		return false
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

@@ -254,9 +254,13 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // script (up to 256): concurrent calls share round trips, and the server
 // and the client spend less on each call. Each call keeps its own reply,
 // its own errors and its own context: a call whose context ends while it
-// waits returns then. A pipeline in flight for 50ms stops counting against
-// n, so a reply held up holds up only its own calls. 0 turns this off: every script goes alone, on a
-// pooled connection of its own, as go-redis sends it. With WithReplicas,
+// waits returns then. A shared pipeline runs with a context of its own
+// that carries no caller's values, so the go-redis client's hooks
+// (tracing) never see one request's values on another's scripts; a script
+// sent alone runs with its caller's context. A pipeline in flight for 50ms
+// stops counting against n, so a reply held up holds up only its own
+// calls. 0 turns this off: every script goes alone, on a pooled connection
+// of its own, as go-redis sends it. With WithReplicas,
 // claims and completions go alone, each followed by its WAIT. n must not
 // be negative; at most 64 pipelines are in flight, slow ones included.
 // The default is 4.

@@ -393,14 +393,15 @@ func (b *batcher) send(batch []*batchedCall) {
 	}
 }
 
-// batchContext is the context of a pipeline shared by the calls of batch:
-// no call's end cancels it (the others still wait for its reply), and when
-// every call has a deadline, it ends at the latest one, when nobody waits
-// any more (go-redis applies it to the connection's reads with
-// ContextTimeoutEnabled; else the client's timeouts bound the pipeline).
-// Its values are the first call's.
+// batchContext is the context of a pipeline shared by the calls of batch.
+// It carries no call's values: the client's hooks (tracing) must not see
+// one request's values beside the others' scripts. No call's end cancels
+// it (the others still wait for its reply), and when every call has a
+// deadline, it ends at the latest one, when nobody waits any more (go-redis
+// applies it to the connection's reads with ContextTimeoutEnabled; else the
+// client's timeouts bound the pipeline).
 func batchContext(batch []*batchedCall) (context.Context, context.CancelFunc) {
-	ctx := context.WithoutCancel(batch[0].ctx)
+	ctx := context.Background()
 	var last time.Time
 	for _, bc := range batch {
 		d, ok := bc.ctx.Deadline()

@@ -226,6 +226,51 @@ func TestQueuedCallsShareOnePipeline(t *testing.T) {
 	})
 }
 
+// The issue this guards: a shared pipeline ran with the first queued
+// call's context, so that go-redis hooks (tracing) saw one request's
+// context values beside other requests' scripts.
+func TestPipelineCarriesNoCallersValues(t *testing.T) {
+	eachServer(t, func(t *testing.T, addr string) {
+		type ctxKey struct{}
+		h := newHooks()
+		r := newRunner(t, newClient(t, addr, h), 1)
+		r.SetSlow(time.Hour)
+		keys := []string{"a", "b", "c"}
+		var ctxs []context.Context
+		for _, k := range keys {
+			ctxs = append(ctxs, context.WithValue(context.Background(), ctxKey{}, "request "+k))
+		}
+		first, outs, release := queueBehindHeld(t, r, h, keys, ctxs...)
+		release()
+		recv(t, first)
+		for _, out := range outs {
+			if res := recv(t, out); res.err != nil {
+				t.Fatal(res.err)
+			}
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if len(h.pipeCtxs) != 1 {
+			t.Fatalf("%d pipelines, want 1", len(h.pipeCtxs))
+		}
+		if v := h.pipeCtxs[0].Value(ctxKey{}); v != nil {
+			t.Fatalf("the shared pipeline's context carries a caller's value %q", v)
+		}
+
+		// A lone call keeps its caller's context, values included.
+		h.cmdCtxs = nil
+		h.mu.Unlock()
+		lone := context.WithValue(context.Background(), ctxKey{}, "lone")
+		if err := r.Run(lone, incr, []string{"lone"}, "x").Err(); err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		if len(h.cmdCtxs) != 1 || h.cmdCtxs[0].Value(ctxKey{}) != "lone" {
+			t.Fatalf("a lone call did not run with its caller's context")
+		}
+	})
+}
+
 // A shared pipeline ends at the latest of its callers' deadlines, and has
 // none when a caller has none.
 func TestPipelineDeadline(t *testing.T) {

@@ -405,6 +405,24 @@ func (c *Client) observeStored(ctx context.Context, key string, serr, err error)
 	}
 }
 
+// observeLedger notes an outcome that the ledger decided: this call's own
+// commit (mine; a stored failure when failed), or an earlier attempt's,
+// replayed.
+func (c *Client) observeLedger(ctx context.Context, key string, mine, failed bool) {
+	st := c.notes(ctx, key)
+	if st == nil {
+		return
+	}
+	switch {
+	case !mine:
+		st.outcome, st.attempt = EventReplayed, 0
+	case failed:
+		st.owned, st.outcome = time.Since(st.ownStart), EventFailed
+	default:
+		st.owned, st.outcome = time.Since(st.ownStart), EventExecuted
+	}
+}
+
 // errNoReturn is the Err of the outcome of a call that did not return:
 // fn panicked (the panic goes on in the caller) or called runtime.Goexit.
 var errNoReturn = errors.New("idem: the call did not return: fn panicked or called runtime.Goexit")

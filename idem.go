@@ -326,7 +326,26 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 		owned bool
 	)
 	b, err := c.Do(ctx, key, fingerprint, func(ctx context.Context) ([]byte, error) {
+		p := pendingIn(ctx)
+		if p != nil {
+			p.setCodec(codec.t.String(), func(v any) ([]byte, error) {
+				t, ok := v.(T)
+				if !ok {
+					return nil, fmt.Errorf("Do[%s] records a %s, not a %T", codec.t, codec.t, v)
+				}
+				return codec.encode(&t)
+			})
+		}
 		v, err := fn(ctx)
+		if p != nil {
+			if e, mine, val := p.decided(); e != nil {
+				// The ledger decided the outcome; Client.Do returns it.
+				if t, ok := val.(T); ok && mine && !e.Failed {
+					own, owned = t, true
+				}
+				return nil, nil
+			}
+		}
 		if err != nil {
 			return nil, err
 		}

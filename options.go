@@ -29,6 +29,8 @@ type config struct {
 	observers     []Observer
 	eventSecret   []byte // of Event.Key; nil: processSecret
 	rawEventKeys  bool
+	ledger        Ledger // nil: none
+	ledgerLookups bool   // look up before every fn, not only takeovers
 	problems      []string
 }
 
@@ -272,4 +274,33 @@ func WithPipelines(n int) Option {
 		}
 		c.pipelines = n
 	}
+}
+
+// WithLedger records outcomes in l as well as in Redis: fn commits its
+// outcome in the transaction of its business change through l's helper
+// (idemsql.Commit), and the ledger's unique key decides which attempt's
+// change stands, even with two live owners or after Redis lost a record.
+// On a takeover (attempt above 1) the Client looks the key up in l before
+// fn, and a recorded outcome is returned, and stored in Redis, without
+// running fn. A fresh key costs no lookup (see WithLedgerLookups).
+// The default is no ledger.
+func WithLedger(l Ledger) Option {
+	return func(c *config) {
+		if l == nil {
+			c.problem("WithLedger(nil): needs a Ledger")
+			return
+		}
+		c.ledger = l
+	}
+}
+
+// WithLedgerLookups(true) makes the Client look the key up in the ledger
+// before every fn, not only on takeovers: for an fn with effects before
+// its transaction, or a Redis that may lose records (no persistence,
+// failover without WithReplicas, eviction), where a lookup spares fn's
+// first effects. The ledger's unique key keeps the change applied once
+// either way.
+// The default is false: look up on takeovers only.
+func WithLedgerLookups(always bool) Option {
+	return func(c *config) { c.ledgerLookups = always }
 }

@@ -332,14 +332,14 @@ func (st *callState) endWait(now time.Time) {
 }
 
 // observeClaim notes the reply to a claim: kind and n as in claimReply.
-func (c *Client) observeClaim(ctx context.Context, key string, kind byte, n int64) {
+func (c *Client) observeClaim(ctx context.Context, key string, kind replyKind, n int64) {
 	st := c.notes(ctx, key)
 	if st == nil {
 		return
 	}
 	now := time.Now()
 	st.outcome = 0
-	if kind == 'b' {
+	if kind == replyBusy {
 		if st.waitStart.IsZero() {
 			st.waitStart = now
 		}
@@ -348,14 +348,14 @@ func (c *Client) observeClaim(ctx context.Context, key string, kind byte, n int6
 	}
 	st.endWait(now)
 	switch kind {
-	case 'c':
+	case replyClaimed:
 		st.attempt, st.ownStart = n, now
 		if n > 1 {
 			st.tookOver, st.tookAt = true, now.Sub(st.start)
 		}
-	case 'd', 'f':
+	case replyDone, replyFailed:
 		st.outcome, st.attempt = EventReplayed, 0
-	case 'x':
+	case replyConflict:
 		st.outcome, st.attempt = EventConflict, 0
 	default:
 		st.outcome, st.attempt = EventError, 0

@@ -70,7 +70,7 @@ type ClaimReply struct {
 // ClaimResult decodes a reply of lua/claim.lua (see claimResult).
 func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
 	r, err := claimResult(v, fp, lease)
-	return ClaimReply{r.kind, r.n, r.leaseLeft, r.payload}, err
+	return ClaimReply{byte(r.kind), r.n, r.leaseLeft, r.payload}, err
 }
 
 // NewKeyArgs returns the arguments that c sends with the claim and with
@@ -80,7 +80,7 @@ func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
 func NewKeyArgs(c *Client, fp, token string, res []byte) (claim, complete []any) {
 	d := digest(fp)
 	first := c.claimRecord(d, token, 1)
-	record, _ := finishedRecord('d', d, token, 1, res) // not freed: garbage-collected
+	record, _ := finishedRecord(recordDone, d, token, 1, res) // not freed: garbage-collected
 	return []any{first, c.retentionMs},
 		[]any{first, record, c.retentionMs, c.publish}
 }

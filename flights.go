@@ -32,7 +32,7 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 	until := time.Now().Add(c.cfg.wait) // this caller's own wait budget
 	if c.cfg.wait <= 0 {
 		// Followers could only wait; with no waiting, each asks Redis.
-		res, err, _ := c.run(ctx, key, fp, until, fn)
+		res, err, _ := c.claim(ctx, key, fp, until, fn)
 		return res, err
 	}
 	var timer *time.Timer
@@ -48,7 +48,7 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 			// Another call with other parameters is under way: let Redis
 			// decide which one conflicts.
 			f.mu.Unlock()
-			res, err, _ := c.run(ctx, key, fp, until, fn)
+			res, err, _ := c.claim(ctx, key, fp, until, fn)
 			return res, err
 		}
 		if ok {
@@ -86,7 +86,7 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 }
 
 func (f *flights) lead(ctx context.Context, c *Client, key string, until time.Time, fl *flight, fn func(context.Context) ([]byte, error)) (res []byte, err error) {
-	fl.retry = true // kept if run panics
+	fl.retry = true // kept if claim panics
 	defer func() {
 		f.mu.Lock()
 		delete(f.m, key)
@@ -96,7 +96,7 @@ func (f *flights) lead(ctx context.Context, c *Client, key string, until time.Ti
 			close(done)
 		}
 	}()
-	res, err, retry := c.run(ctx, key, fl.fp, until, fn)
+	res, err, retry := c.claim(ctx, key, fl.fp, until, fn)
 	fl.res, fl.err, fl.retry = res, err, retry
 	return res, err
 }

@@ -149,7 +149,7 @@ func wantClaim(v []any) (claimReply, bool) {
 	if !ok || len(kind) != 1 {
 		return claimReply{}, false
 	}
-	r := claimReply{kind: kind[0]}
+	r := claimReply{kind: replyKind(kind[0])}
 	switch r.kind {
 	case 'c', 'b':
 		if r.kind == 'b' && len(v) == 4 {
@@ -305,7 +305,7 @@ func FuzzFinished(f *testing.F) {
 		case fp != "" && rec.fp != "" && fp != rec.fp:
 			want = claimReply{kind: 'x'}
 		default:
-			want = claimReply{kind: rec.st[0], payload: rec.payload, owner: rec.own}
+			want = claimReply{kind: replyKind(rec.st[0]), payload: rec.payload, owner: rec.own}
 		}
 		if got != want {
 			t.Fatalf("readFinished(%q, %q) = %+v, want %+v", s, fp, got, want)

@@ -181,13 +181,13 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	var free func()
 	switch {
 	case err != nil:
-		record, free = finishedRecord('f', fp, token, n, failurePayload(err, c.cfg.maxResultSize))
+		record, free = finishedRecord(recordFailed, fp, token, n, failurePayload(err, c.cfg.maxResultSize))
 	case len(res) > c.cfg.maxResultSize:
 		err = tooLarge(len(res), c.cfg.maxResultSize)
 		res = nil
-		record, free = finishedRecord('f', fp, token, n, failurePayload(err, c.cfg.maxResultSize))
+		record, free = finishedRecord(recordFailed, fp, token, n, failurePayload(err, c.cfg.maxResultSize))
 	default:
-		record, free = finishedRecord('d', fp, token, n, res)
+		record, free = finishedRecord(recordDone, fp, token, n, res)
 	}
 	serr := c.complete(ctx, keys, claimed, record)
 	c.observeStored(ctx, key, serr, err)

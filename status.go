@@ -61,7 +61,7 @@ func parseStatus(key string, v []any) (Status, error) {
 		return Status{}, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, why)
 	}
 	if len(v) == 2 {
-		if why, ok := v[1].(string); ok && v[0] == "v" {
+		if why, ok := v[1].(string); ok && v[0] == string(replyBadRecord) {
 			return bad(why)
 		}
 	}
@@ -81,18 +81,18 @@ func parseStatus(key string, v []any) (Status, error) {
 		return bad("inconsistent reply for an absent record")
 	case st == "":
 		return Status{}, nil
-	case pttl < -1 || n < 1 || lu < 0 || (lu != 0 && (st == "d" || st == "f")):
+	case pttl < -1 || n < 1 || lu < 0 || (lu != 0 && (st == string(recordDone) || st == string(recordFailed))):
 		return bad("inconsistent status reply")
 	}
 	var s Status
 	switch st {
-	case "p":
+	case string(recordInProgress):
 		s.State = StateInProgress
-	case "d":
+	case string(recordDone):
 		s.State = StateDone
-	case "f":
+	case string(recordFailed):
 		s.State = StateFailed
-	case "r":
+	case string(recordReleased):
 		s.State = StateReleased
 	default:
 		return bad(fmt.Sprintf("unknown state %q", st))

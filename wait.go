@@ -1,4 +1,4 @@
-// wait.go: the claim-and-wait loop (run): claim, and while another owner
+// wait.go: the claim-and-wait loop (claim): claim, and while another owner
 // holds the key, wait to be told (or poll) and claim again.
 
 package idem
@@ -20,7 +20,7 @@ import (
 // The first pause of a waiter's polling; it doubles up to WithPollInterval.
 const defaultFirstPoll = 25 * time.Millisecond
 
-// run is one caller's way through the key: claim, and while another owner
+// claim is one caller's way through the key: claim, and while another owner
 // holds the key, wait and claim again, until it gets an outcome, becomes the
 // owner, or its budget ends: its context, and until, the end of its wait
 // (WithWait). The wait loop is the claim loop: pub/sub says when to claim
@@ -30,7 +30,7 @@ const defaultFirstPoll = 25 * time.Millisecond
 //
 // Model: steps Claim, ClaimReply and RenewBeforeFn of process Caller in
 // model/idem.pml.
-func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
+func (c *Client) claim(ctx context.Context, key, fp string, until time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
 	keys := c.keys(key)
 	token := newToken()
 	first := c.claimRecord(fp, token, 1) // what a claim of a new key writes
@@ -59,7 +59,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			// holds it as a claim would find it.
 			r, woken = *woken, nil
 		} else {
-			r, err = c.claim(ctx, keys, fp, first)
+			r, err = c.claimOnce(ctx, keys, fp, first)
 		}
 		if err != nil {
 			if mayHaveRun(err) || errors.Is(err, ErrNotReplicated) {
@@ -74,7 +74,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 		}
 		c.observeClaim(ctx, key, r.kind, r.n)
 		switch r.kind {
-		case 'c':
+		case replyClaimed:
 			if seen > 0 && r.n == 1 {
 				c.giveBack(ctx, keys, token, nil)
 				return nil, fmt.Errorf("%w: key %q: attempt %d was in progress; is the retention shorter than the operation?", ErrExpired, key, seen), false
@@ -121,16 +121,16 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 				claimed = c.claimRecord(fp, token, r.n)
 			}
 			return c.own(ctx, key, keys, fp, token, claimed, r.n, deadline, fn)
-		case 'd':
+		case replyDone:
 			return replyBytes(r.payload), nil, false
-		case 'f':
+		case replyFailed:
 			return nil, readFailure(r.payload), false
-		case 'x':
+		case replyConflict:
 			return nil, fmt.Errorf("%w: key %q", ErrConflict, key), false
-		case 'v':
+		case replyBadRecord:
 			return nil, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, r.payload), false
 		}
-		// 'b': another owner holds a live lease.
+		// replyBusy: another owner holds a live lease.
 		seen, owner = r.n, r.owner
 		now := time.Now()
 		if c.cfg.wait <= 0 || !now.Before(until) {

@@ -1,5 +1,6 @@
-// scripts.go: the embedded Lua scripts and write, which runs one (EVALSHA
-// with the EVAL fallback, and WAIT for WithReplicas).
+// lua.go: the embedded Lua scripts (lua/*.lua), and the calls that send
+// them: claimOnce, and write (EVALSHA with the EVAL fallback, in shared
+// pipelines, or with WAIT for WithReplicas).
 
 package idem
 
@@ -47,11 +48,11 @@ func newScript(src string) pipeline.Script {
 
 const recordMarker = "--[[lua/record.lua]]"
 
-// claim runs lua/claim.lua for a call with fingerprint digest fp; keys are
+// claimOnce runs lua/claim.lua for a call with fingerprint digest fp; keys are
 // the record's and its channel's, first the record that a claim of a new
 // key writes (claimRecord of attempt 1), which also tells the script the
 // call's fingerprint, owner token and lease.
-func (c *Client) claim(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
+func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
 	v, err := c.write(ctx, claimScript, keys[:1], first, c.retentionMs).Result()
 	if err != nil {
 		return claimReply{}, err

@@ -71,7 +71,7 @@ func (c *detachedCtx) Value(key any) any {
 
 // attemptCtx is the context of fn: cancelled when the lease is lost (the
 // embedded Context, from context.WithCancelCause), carrying the Attempt.
-// It also ends at the owner's lease deadline (see lease): Err looks at the
+// It also ends at the owner's lease deadline (see own): Err looks at the
 // clock, so an fn that checks its context never acts past the deadline,
 // even before the renewer's timer has closed Done.
 type attemptCtx struct {
@@ -79,6 +79,7 @@ type attemptCtx struct {
 	a       Attempt
 	cancel  context.CancelCauseFunc
 	pending *Pending // the call's hold for a ledger's commit helper; nil without a ledger
+	call    *call    // the call that owns the key
 	// deadline is the owner's lease deadline, in monotonic nanoseconds
 	// (mono); renewals move it later.
 	deadline atomic.Int64

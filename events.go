@@ -249,49 +249,37 @@ func (c *Client) observed(ctx context.Context) bool {
 	return c != nil && (len(c.cfg.observers) > 0 || (callInfoUsed.Load() && ctx.Value(callInfoKey{}) != nil))
 }
 
-// doObserved is Do for a call that takes notes: it runs the call with a
-// context that carries its notes, and reports them when the call ends.
-func (c *Client) doObserved(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) (res []byte, err error) {
-	for _, o := range c.cfg.observers {
+// startNotes starts taking notes of the call for its observers: it tells
+// the CallStarters, and returns the context the call runs with, which
+// hides the caller's CallInfo (this call's alone) from calls made in fn.
+func (cl *call) startNotes(ctx context.Context) context.Context {
+	for _, o := range cl.c.cfg.observers {
 		if s, ok := o.(CallStarter); ok {
 			ctx = s.StartCall(ctx)
 		}
 	}
 	info, _ := ctx.Value(callInfoKey{}).(*CallInfo)
-	cc := &callCtx{Context: ctx, st: callState{c: c, key: key, info: info, start: time.Now()}}
-	returned := false
-	defer func() { c.report(cc, &cc.st, err, returned) }()
-	res, err = c.do(cc, key, fingerprint, fn)
-	returned = true
-	return res, err
+	cl.notes = &callNotes{info: info, start: time.Now()}
+	cl.notes.ctx.Context = ctx
+	return &cl.notes.ctx
 }
 
-// callCtx is the context of an observed call: the caller's, with the
-// call's notes. It hides the caller's CallInfo, which is this call's alone.
-type callCtx struct {
-	context.Context
-	st callState
-}
+// hideInfo is a context that hides a CallInfo from the calls made with it.
+type hideInfo struct{ context.Context }
 
-type callKey struct{}
-
-// Value returns the call's notes for callKey, and nil for callInfoKey.
-func (c *callCtx) Value(key any) any {
-	switch key.(type) {
-	case callKey:
-		return &c.st
-	case callInfoKey:
+// Value returns nil for callInfoKey.
+func (c *hideInfo) Value(key any) any {
+	if _, ok := key.(callInfoKey); ok {
 		return nil
 	}
 	return c.Context.Value(key)
 }
 
-// callState holds the notes of one observed call, taken on the call's
+// callNotes holds the notes of one observed call, taken on the call's
 // goroutine as it goes (the leader of in-process duplicates runs on its
 // own caller's goroutine).
-type callState struct {
-	c     *Client
-	key   string
+type callNotes struct {
+	ctx   hideInfo // the context the call runs with
 	info  *CallInfo
 	start time.Time
 
@@ -308,20 +296,7 @@ type callState struct {
 	owned     time.Duration
 }
 
-// notes returns the notes of the observed call of key that ctx belongs to,
-// or nil.
-func (c *Client) notes(ctx context.Context, key string) *callState {
-	if len(c.cfg.observers) == 0 && !callInfoUsed.Load() {
-		return nil
-	}
-	st, _ := ctx.Value(callKey{}).(*callState)
-	if st == nil || st.c != c || st.key != key {
-		return nil // not observed, or a call made inside another's fn
-	}
-	return st
-}
-
-func (st *callState) endWait(now time.Time) {
+func (st *callNotes) endWait(now time.Time) {
 	if st.waitStart.IsZero() {
 		return
 	}
@@ -332,8 +307,8 @@ func (st *callState) endWait(now time.Time) {
 }
 
 // observeClaim notes the reply to a claim: kind and n as in claimReply.
-func (c *Client) observeClaim(ctx context.Context, key string, kind replyKind, n int64) {
-	st := c.notes(ctx, key)
+func (cl *call) observeClaim(kind replyKind, n int64) {
+	st := cl.notes
 	if st == nil {
 		return
 	}
@@ -364,8 +339,8 @@ func (c *Client) observeClaim(ctx context.Context, key string, kind replyKind, n
 
 // observeFollow notes that the call waits for a concurrent call with the
 // same key in this process.
-func (c *Client) observeFollow(ctx context.Context, key string) {
-	if st := c.notes(ctx, key); st != nil && st.waitStart.IsZero() {
+func (cl *call) observeFollow() {
+	if st := cl.notes; st != nil && st.waitStart.IsZero() {
 		st.waitStart = time.Now()
 	}
 }
@@ -373,8 +348,8 @@ func (c *Client) observeFollow(ctx context.Context, key string) {
 // observeRelease notes that the owner gives its claim back after fn
 // failed or panicked; fctx is fn's context, whose cause tells whether the
 // lease was lost meanwhile.
-func (c *Client) observeRelease(fctx context.Context, key string) {
-	st := c.notes(fctx, key)
+func (cl *call) observeRelease(fctx context.Context) {
+	st := cl.notes
 	if st == nil {
 		return
 	}
@@ -387,8 +362,8 @@ func (c *Client) observeRelease(fctx context.Context, key string) {
 
 // observeStored notes how recording fn's outcome ended: serr is the
 // error of complete, err fn's permanent failure or nil.
-func (c *Client) observeStored(ctx context.Context, key string, serr, err error) {
-	st := c.notes(ctx, key)
+func (cl *call) observeStored(serr, err error) {
+	st := cl.notes
 	if st == nil {
 		return
 	}
@@ -408,8 +383,8 @@ func (c *Client) observeStored(ctx context.Context, key string, serr, err error)
 // observeLedger notes an outcome that the ledger decided: this call's own
 // commit (mine; a stored failure when failed), or an earlier attempt's,
 // replayed.
-func (c *Client) observeLedger(ctx context.Context, key string, mine, failed bool) {
-	st := c.notes(ctx, key)
+func (cl *call) observeLedger(mine, failed bool) {
+	st := cl.notes
 	if st == nil {
 		return
 	}
@@ -429,7 +404,8 @@ var errNoReturn = errors.New("idem: the call did not return: fn panicked or call
 
 // report sends the events of a call that ended with err (returned is false
 // when it panicked) and fills in the caller's CallInfo.
-func (c *Client) report(ctx context.Context, st *callState, err error, returned bool) {
+func (cl *call) report(ctx context.Context, err error, returned bool) {
+	c, st := cl.c, cl.notes
 	now := time.Now()
 	st.endWait(now) // a wait that ended without a claim
 	outcome := st.outcome
@@ -455,9 +431,9 @@ func (c *Client) report(ctx context.Context, st *callState, err error, returned 
 	if len(c.cfg.observers) == 0 {
 		return
 	}
-	e.Key = c.eventKey(st.key)
+	e.Key = c.eventKey(cl.key)
 	if c.cfg.rawEventKeys {
-		e.RawKey = st.key
+		e.RawKey = cl.key
 	}
 	if st.waited {
 		w := e

@@ -16,15 +16,17 @@ func TestNoNotesWithoutObserver(t *testing.T) {
 	c := New(rdb, WithLogger(nil))
 	defer c.Close()
 	ctx := context.WithValue(context.Background(), struct{ k int }{1}, "a caller's value")
+	cl := &call{c: c, key: "k"}
 	notes := func() {
 		if c.observed(ctx) {
 			t.Fatal("a call without observer or CallInfo is observed")
 		}
-		c.observeClaim(ctx, "k", 'b', 1)
-		c.observeClaim(ctx, "k", 'c', 2)
-		c.observeFollow(ctx, "k")
-		c.observeRelease(ctx, "k")
-		c.observeStored(ctx, "k", nil, nil)
+		cl.observeClaim(replyBusy, 1)
+		cl.observeClaim(replyClaimed, 2)
+		cl.observeFollow()
+		cl.observeRelease(ctx)
+		cl.observeStored(nil, nil)
+		cl.observeLedger(true, false)
 	}
 	if n := testing.AllocsPerRun(1000, notes); n != 0 {
 		t.Fatalf("%v allocations per call before any CallInfo", n)

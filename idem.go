@@ -261,21 +261,56 @@ func AttemptFrom(ctx context.Context) (Attempt, bool) {
 // Calls with the same key and fingerprint in one process may share one
 // result slice (fn's own, or the one read from Redis): treat it as
 // read-only, and copy it before changing it.
-func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
-	if c.observed(ctx) {
-		return c.doObserved(ctx, key, fingerprint, fn)
+func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) (res []byte, err error) {
+	cl := &call{c: c, key: key, fn: fn}
+	if !c.observed(ctx) {
+		return cl.do(ctx, fingerprint)
 	}
-	return c.do(ctx, key, fingerprint, fn)
+	ctx = cl.startNotes(ctx)
+	returned := false
+	defer func() { cl.report(ctx, err, returned) }()
+	res, err = cl.do(ctx, fingerprint)
+	returned = true
+	return res, err
 }
 
-func (c *Client) do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
-	if fn == nil {
+// call is one call of Do on its way through its key: what it was given,
+// and what it learns on the way. A call that leads in-process duplicates
+// is also their flight (see flights).
+type call struct {
+	c     *Client
+	key   string
+	fp    string // the fingerprint's digest
+	fn    func(context.Context) ([]byte, error)
+	until time.Time  // the end of the caller's wait (WithWait)
+	notes *callNotes // for the observers; nil when nobody observes the call
+
+	// Set by claim.
+	keys    []string // the Redis keys of the record and of its channel
+	token   string   // the owner token of this call's claims
+	n       int64    // the attempt claimed
+	claimed []byte   // the record of that claim, which complete finds unchanged
+
+	// As a flight: done is closed once res, err and retry are set; it is
+	// made, under flights.mu, when the first follower comes.
+	done  chan struct{}
+	res   []byte
+	err   error
+	retry bool // the outcome is not the followers' to share: they try themselves
+}
+
+// do checks the call, then takes it through its key: it follows an
+// in-process duplicate's flight, or leads and claims (see flights).
+func (cl *call) do(ctx context.Context, fingerprint string) ([]byte, error) {
+	if cl.fn == nil {
 		return nil, errors.New("idem: Do called with a nil fn")
 	}
-	if err := c.checkCall(ctx, key); err != nil {
+	if err := cl.c.checkCall(ctx, cl.key); err != nil {
 		return nil, err
 	}
-	return c.flights.do(ctx, c, key, digest(fingerprint), fn)
+	cl.fp = digest(fingerprint)
+	cl.until = time.Now().Add(cl.c.cfg.wait)
+	return cl.c.flights.do(ctx, cl)
 }
 
 // Do is the typed form of Client.Do: the result of fn is stored encoded

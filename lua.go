@@ -77,7 +77,7 @@ func (c *Client) write(ctx context.Context, s pipeline.Script, keys []string, ar
 		}
 		node = m
 	}
-	run := func(sha bool) (*redis.Cmd, *redis.Cmd) {
+	send := func(sha bool) (*redis.Cmd, *redis.Cmd) {
 		pipe := node.Pipeline()
 		var cmd *redis.Cmd
 		if sha {
@@ -89,9 +89,9 @@ func (c *Client) write(ctx context.Context, s pipeline.Script, keys []string, ar
 		_, _ = pipe.Exec(ctx)
 		return cmd, w
 	}
-	cmd, w := run(true)
+	cmd, w := send(true)
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd, w = run(false)
+		cmd, w = send(false)
 	}
 	if cmd.Err() != nil {
 		return cmd

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -50,8 +51,8 @@ func joined(err error) []error {
 func TestCheckSingle(t *testing.T) {
 	ctx := context.Background()
 	t.Run("healthy", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{AppendOnly: true})
-		c := b.idem(t)
+		b := idemtest.Redis(t, redistest.Config{AppendOnly: true})
+		c := b.Idem(t)
 		servers, err := c.CheckServers(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -60,7 +61,7 @@ func TestCheckSingle(t *testing.T) {
 			t.Fatalf("%d servers", len(servers))
 		}
 		s := servers[0]
-		if s.Addr != b.addr || s.Role != "master" || s.MaxMemoryPolicy != "noeviction" || !s.AppendOnly || s.AppendFsync != "always" || s.Version == "" {
+		if s.Addr != b.Addr || s.Role != "master" || s.MaxMemoryPolicy != "noeviction" || !s.AppendOnly || s.AppendFsync != "always" || s.Version == "" {
 			t.Fatalf("server %+v", s)
 		}
 		if len(s.Notes) != 1 || !strings.Contains(s.Notes[0], "no replicas") {
@@ -72,19 +73,19 @@ func TestCheckSingle(t *testing.T) {
 	})
 
 	t.Run("misconfigured", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{
+		b := idemtest.Redis(t, redistest.Config{
 			MaxMemoryPolicy: "allkeys-lru",
 			// The client's user may not run scripts.
 			Extra: []string{"user default on nopass ~* &* +@all -@scripting"},
 		})
-		c := b.idem(t, idem.WithReplicas(1, time.Second), idem.WithLogger(nil))
+		c := b.Idem(t, idem.WithReplicas(1, time.Second), idem.WithLogger(nil))
 		servers, err := c.CheckServers(ctx)
 		mustProblems(t, servers, err, 3,
 			"maxmemory-policy is allkeys-lru", "set maxmemory-policy noeviction",
 			"cannot load the claim script", "@scripting",
 			"WithReplicas(1)", "0 are connected")
-		if !strings.Contains(err.Error(), b.addr) {
-			t.Errorf("the error does not name the server %s: %v", b.addr, err)
+		if !strings.Contains(err.Error(), b.Addr) {
+			t.Errorf("the error does not name the server %s: %v", b.Addr, err)
 		}
 		if notes := strings.Join(servers[0].Notes, "\n"); !strings.Contains(notes, "appendonly no") {
 			t.Errorf("notes do not report the missing append-only file: %q", notes)
@@ -92,8 +93,8 @@ func TestCheckSingle(t *testing.T) {
 	})
 
 	t.Run("appendfsync everysec", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{AppendOnly: true, Extra: []string{"appendfsync everysec"}})
-		servers, err := b.idem(t).CheckServers(ctx)
+		b := idemtest.Redis(t, redistest.Config{AppendOnly: true, Extra: []string{"appendfsync everysec"}})
+		servers, err := b.Idem(t).CheckServers(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,16 +106,16 @@ func TestCheckSingle(t *testing.T) {
 	t.Run("replica", func(t *testing.T) {
 		primary := redistest.Start(t, redistest.Config{})
 		replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + portOf(primary.Addr())}})
-		eventually(t, 10*time.Second, "the replica's sync", func() bool {
+		idemtest.Eventually(t, 10*time.Second, "the replica's sync", func() bool {
 			return strings.Contains(fmt.Sprint(replica.Do(t, "INFO", "replication")), "master_link_status:up")
 		})
-		b := &backend{name: "redis", addr: replica.Addr(), srv: replica}
-		servers, err := b.idem(t, idem.WithLogger(nil)).CheckServers(ctx)
+		b := idemtest.OnServer(replica)
+		servers, err := b.Idem(t, idem.WithLogger(nil)).CheckServers(ctx)
 		mustProblems(t, servers, err, 1, "is a replica", "point the client at the primary")
 
 		// The primary has one replica now: WithReplicas(1) is satisfied.
-		b = &backend{name: "redis", addr: primary.Addr(), srv: primary}
-		if err := b.idem(t, idem.WithReplicas(1, time.Second)).Check(ctx); err != nil {
+		b = idemtest.OnServer(primary)
+		if err := b.Idem(t, idem.WithReplicas(1, time.Second)).Check(ctx); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/notify"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -22,16 +22,8 @@ const (
 
 // eachServer runs f against miniredis and against a real redis-server.
 func eachServer(t *testing.T, f func(t *testing.T, rdb *redis.Client, publish func(ch, msg string))) {
-	t.Run("miniredis", func(t *testing.T) {
-		mr := miniredis.RunT(t)
-		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		t.Cleanup(func() { _ = rdb.Close() })
-		f(t, rdb, func(ch, msg string) { mr.Publish(ch, msg) })
-	})
-	t.Run("redis", func(t *testing.T) {
-		srv := redistest.Start(t, redistest.Config{})
-		rdb := srv.Client(t)
-		f(t, rdb, func(ch, msg string) { srv.Do(t, "PUBLISH", ch, msg) })
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		f(t, b.Client(t), func(ch, msg string) { b.Do(t, "PUBLISH", ch, msg) })
 	})
 }
 

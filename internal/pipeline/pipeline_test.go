@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -24,8 +25,7 @@ const wait = 10 * time.Second
 
 // eachServer runs f against miniredis and against a real redis-server.
 func eachServer(t *testing.T, f func(t *testing.T, addr string)) {
-	t.Run("miniredis", func(t *testing.T) { f(t, miniredis.RunT(t).Addr()) })
-	t.Run("redis", func(t *testing.T) { f(t, redistest.Start(t, redistest.Config{}).Addr()) })
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) { f(t, b.Addr) })
 }
 
 // hooks records what a go-redis client sends, and can hold it: a plain

@@ -66,6 +66,10 @@ const (
 	// EventError: any other error: Redis unreachable or failing, a corrupt
 	// record, an invalid key, a closed Client. fn did not run.
 	EventError
+	// EventLateRetry: the key's record was gone and its tombstone left
+	// (WithTombstones): a retry later than the retention (ErrLateRetry).
+	// fn did not run.
+	EventLateRetry
 )
 
 var kindNames = [...]string{
@@ -80,6 +84,7 @@ var kindNames = [...]string{
 	EventNotRecorded: "not_recorded",
 	EventInProgress:  "in_progress",
 	EventError:       "error",
+	EventLateRetry:   "late_retry",
 }
 
 // String returns the kind's name in snake case, such as "lease_lost",
@@ -133,6 +138,11 @@ type Event struct {
 	// Wait is the time the call waited for another owner: the wait's for
 	// EventWaited, the call's in all for an outcome; 0 if it did not wait.
 	Wait time.Duration
+	// Age is, for EventReplayed, how long ago the replayed outcome was
+	// recorded, when the call read it from Redis (0 when it shared a
+	// concurrent call's outcome, or read it from a notification): compare
+	// the ages of real retries with the retention (WithRetention).
+	Age time.Duration
 	// Owned is, for an outcome of a call that ran fn, how long it owned
 	// the key: from its claim to its outcome's recording, or to the
 	// release (fn's run time plus a round trip to Redis); 0 otherwise.
@@ -294,6 +304,7 @@ type callNotes struct {
 	tookAt    time.Duration // since start, when it did
 	ownStart  time.Time
 	owned     time.Duration
+	age       time.Duration // of the record a replay read from Redis; 0 unknown
 }
 
 func (st *callNotes) endWait(now time.Time) {
@@ -307,7 +318,7 @@ func (st *callNotes) endWait(now time.Time) {
 }
 
 // observeClaim notes the reply to a claim: kind and n as in claimReply.
-func (cl *call) observeClaim(kind replyKind, n int64) {
+func (cl *call) observeClaim(kind replyKind, n int64, age time.Duration) {
 	st := cl.notes
 	if st == nil {
 		return
@@ -329,9 +340,11 @@ func (cl *call) observeClaim(kind replyKind, n int64) {
 			st.tookOver, st.tookAt = true, now.Sub(st.start)
 		}
 	case replyDone, replyFailed:
-		st.outcome, st.attempt = EventReplayed, 0
+		st.outcome, st.attempt, st.age = EventReplayed, 0, age
 	case replyConflict:
 		st.outcome, st.attempt = EventConflict, 0
+	case replyLateRetry:
+		st.outcome, st.attempt = EventLateRetry, 0
 	default:
 		st.outcome, st.attempt = EventError, 0
 	}
@@ -422,6 +435,9 @@ func (cl *call) report(ctx context.Context, err error, returned bool) {
 		err = nil
 	}
 	e := Event{Kind: outcome, Attempt: st.attempt, Duration: now.Sub(st.start), Wait: st.wait, Err: err}
+	if outcome == EventReplayed && st.age > 0 {
+		e.Age = st.age
+	}
 	if outcome.Ran() {
 		e.Owned = st.owned
 	}
@@ -459,6 +475,8 @@ func outcomeOf(err error) EventKind {
 		return EventConflict
 	case errors.Is(err, ErrInProgress):
 		return EventInProgress
+	case errors.Is(err, ErrLateRetry):
+		return EventLateRetry
 	}
 	return EventError
 }

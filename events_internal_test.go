@@ -21,8 +21,8 @@ func TestNoNotesWithoutObserver(t *testing.T) {
 		if c.observed(ctx) {
 			t.Fatal("a call without observer or CallInfo is observed")
 		}
-		cl.observeClaim(replyBusy, 1)
-		cl.observeClaim(replyClaimed, 2)
+		cl.observeClaim(replyBusy, 1, 0)
+		cl.observeClaim(replyClaimed, 2, 0)
 		cl.observeFollow()
 		cl.observeRelease(ctx)
 		cl.observeStored(nil, nil)

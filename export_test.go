@@ -69,7 +69,7 @@ type ClaimReply struct {
 
 // ClaimResult decodes a reply of lua/claim.lua (see claimResult).
 func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
-	r, err := claimResult(v, fp, lease)
+	r, err := claimResult(v, fp, lease, 0)
 	return ClaimReply{byte(r.kind), r.n, r.leaseLeft, r.payload}, err
 }
 
@@ -102,3 +102,16 @@ func Queued(c *Client) int { return c.scripts.Queued() }
 // it stops holding its place (50ms): tests that hold a pipeline and need
 // the calls behind it to stay queued set it long. Set it before c sends.
 func SetSlowPipeline(c *Client, d time.Duration) { c.scripts.SetSlow(d) }
+
+// TombstoneCompletion returns what c sends to finish key's attempt 1 as
+// owner token, with result res, when c leaves tombstones: the claim record
+// to store first (as claim.lua would), and the keys and arguments of
+// lua/complete.lua. For TestTombstoneMemory, which sends many at once.
+func TombstoneCompletion(c *Client, key, fp, token string, res []byte) (claimed []byte, keys []string, args []any) {
+	d := digest(fp)
+	claimed = c.claimRecord(d, token, 1)
+	record, _ := finishedRecord(recordDone, d, token, 1, res)
+	ks := c.keys(key)
+	return claimed, []string{ks[0], ks[1], c.tomb.base(c.cfg.prefix, ks[0])},
+		[]any{claimed, record, c.retentionMs, c.publish, tombstoneField(ks[0]), c.tomb.span, c.tomb.window}
+}

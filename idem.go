@@ -116,6 +116,10 @@ type Client struct {
 	// "SPUBLISH" ("" in tests that lose notifications), and the lease and
 	// retention in milliseconds.
 	publish, leaseMs, retentionMs any
+	// ages is claim.lua's ARGV[3]: "1" to have replays' ages, for the
+	// events (see Event.Age), else "".
+	ages any
+	tomb tombstones
 	// mark is the lease mark of a new claim (see lua/record.lua), in
 	// decimal: the retention less the lease, in milliseconds.
 	mark string
@@ -158,10 +162,19 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		mark: strconv.FormatInt(cfg.retention.Milliseconds()-cfg.lease.Milliseconds(), 10),
 	}
 	c.bounds.d = cfg.storeTimeout
+	c.ages = ""
+	if len(cfg.observers) > 0 {
+		c.ages = "1"
+	}
+	if cfg.tombstones > 0 {
+		span := cfg.retention + cfg.tombstones
+		c.tomb = tombstones{on: true, span: span.Milliseconds(), window: tombstoneWindow(span).Milliseconds(), buckets: serverBuckets}
+	}
 	c.scripts = pipeline.NewRunner(rdb, cfg.pipelines, &c.bg)
 	c.renewals.c, c.renewals.every = c, cfg.lease/3
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"
+		c.tomb.buckets = 16384
 	}
 	c.hub = notify.New(rdb)
 	if rdb != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/pipeline"
+	"github.com/redis/go-redis/v9"
 )
 
 // owning is what a call holds while it owns the key, in one allocation:
@@ -159,7 +160,7 @@ func (cl *call) complete(ctx context.Context, record []byte) error {
 	dctx := c.bounds.detached(ctx)
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := c.write(dctx, completeScript, cl.keys, cl.claimed, record, c.retentionMs, c.publish).Int64()
+		n, err := cl.completeScript(dctx, record).Int64()
 		switch {
 		case err == nil && n == 1:
 			return nil
@@ -238,3 +239,15 @@ func (cl *call) giveBack(ctx context.Context, cause error) {
 
 // maxBackgroundReleases bounds the releases under way at once in a Client.
 const maxBackgroundReleases = 1024
+
+// completeScript runs lua/complete.lua once for the call's claim, with the
+// tombstone's arguments when the Client leaves tombstones.
+func (cl *call) completeScript(ctx context.Context, record []byte) *redis.Cmd {
+	c, keys := cl.c, cl.keys
+	if !c.tomb.on {
+		return c.write(ctx, completeScript, keys, cl.claimed, record, c.retentionMs, c.publish)
+	}
+	tkeys := []string{keys[0], keys[1], c.tomb.base(c.cfg.prefix, keys[0])}
+	return c.write(ctx, completeScript, tkeys, cl.claimed, record, c.retentionMs, c.publish,
+		tombstoneField(keys[0]), c.tomb.span, c.tomb.window)
+}

@@ -72,7 +72,7 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 			}
 			return nil, ctx.Err() != nil, fmt.Errorf("idem: claim key %q: %w", key, err)
 		}
-		cl.observeClaim(r.kind, r.n)
+		cl.observeClaim(r.kind, r.n, r.age)
 		switch r.kind {
 		case replyClaimed:
 			if seen > 0 && r.n == 1 {
@@ -127,6 +127,8 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 			return nil, false, readFailure(r.payload)
 		case replyConflict:
 			return nil, false, fmt.Errorf("%w: key %q", ErrConflict, key)
+		case replyLateRetry:
+			return nil, false, fmt.Errorf("%w: key %q", ErrLateRetry, key)
 		case replyBadRecord:
 			return nil, false, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, r.payload)
 		}

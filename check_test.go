@@ -53,7 +53,7 @@ func TestCheckSingle(t *testing.T) {
 	t.Run("healthy", func(t *testing.T) {
 		b := idemtest.Redis(t, redistest.Config{AppendOnly: true})
 		c := b.Idem(t)
-		servers, err := c.CheckServers(ctx)
+		servers, err := c.Check(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +67,7 @@ func TestCheckSingle(t *testing.T) {
 		if len(s.Notes) != 1 || !strings.Contains(s.Notes[0], "no replicas") {
 			t.Fatalf("notes %q; want only the missing replicas", s.Notes)
 		}
-		if err := c.Check(ctx); err != nil {
+		if _, err := c.Check(ctx); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -79,7 +79,7 @@ func TestCheckSingle(t *testing.T) {
 			Extra: []string{"user default on nopass ~* &* +@all -@scripting"},
 		})
 		c := b.Idem(t, idem.WithReplicas(1, time.Second), idem.WithLogger(nil))
-		servers, err := c.CheckServers(ctx)
+		servers, err := c.Check(ctx)
 		mustProblems(t, servers, err, 3,
 			"maxmemory-policy is allkeys-lru", "set maxmemory-policy noeviction",
 			"cannot load the claim script", "@scripting",
@@ -94,7 +94,7 @@ func TestCheckSingle(t *testing.T) {
 
 	t.Run("appendfsync everysec", func(t *testing.T) {
 		b := idemtest.Redis(t, redistest.Config{AppendOnly: true, Extra: []string{"appendfsync everysec"}})
-		servers, err := b.Idem(t).CheckServers(ctx)
+		servers, err := b.Idem(t).Check(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,12 +110,12 @@ func TestCheckSingle(t *testing.T) {
 			return strings.Contains(fmt.Sprint(replica.Do(t, "INFO", "replication")), "master_link_status:up")
 		})
 		b := idemtest.OnServer(replica)
-		servers, err := b.Idem(t, idem.WithLogger(nil)).CheckServers(ctx)
+		servers, err := b.Idem(t, idem.WithLogger(nil)).Check(ctx)
 		mustProblems(t, servers, err, 1, "is a replica", "point the client at the primary")
 
 		// The primary has one replica now: WithReplicas(1) is satisfied.
 		b = idemtest.OnServer(primary)
-		if err := b.Idem(t, idem.WithReplicas(1, time.Second)).Check(ctx); err != nil {
+		if _, err := b.Idem(t, idem.WithReplicas(1, time.Second)).Check(ctx); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -131,7 +131,7 @@ func TestCheckSingle(t *testing.T) {
 		defer rdb.Close()
 		c := idem.New(rdb, idem.WithLogger(nil))
 		defer c.Close()
-		servers, err := c.CheckServers(ctx)
+		servers, err := c.Check(ctx)
 		mustProblems(t, servers, err, 1, "cannot reach", addr)
 	})
 }
@@ -150,7 +150,7 @@ func TestCheckSentinel(t *testing.T) {
 	t.Run("healthy", func(t *testing.T) {
 		primary := redistest.Start(t, redistest.Config{AppendOnly: true})
 		c := newClient(t, startSentinel(t, primary.Addr()))
-		servers, err := c.CheckServers(ctx)
+		servers, err := c.Check(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,7 +161,7 @@ func TestCheckSentinel(t *testing.T) {
 	t.Run("misconfigured", func(t *testing.T) {
 		primary := redistest.Start(t, redistest.Config{MaxMemoryPolicy: "volatile-lru"})
 		c := newClient(t, startSentinel(t, primary.Addr()), idem.WithReplicas(1, time.Second), idem.WithLogger(nil))
-		servers, err := c.CheckServers(ctx)
+		servers, err := c.Check(ctx)
 		mustProblems(t, servers, err, 2, "maxmemory-policy is volatile-lru", "WithReplicas(1)", primary.Addr())
 	})
 }
@@ -174,7 +174,7 @@ func TestCheckCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 1)
 	c := idem.New(cl.Client(t))
 	t.Cleanup(func() { _ = c.Close() })
-	servers, err := c.CheckServers(ctx)
+	servers, err := c.Check(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestCheckCluster(t *testing.T) {
 	}
 	c2 := idem.New(cl.Client(t), idem.WithReplicas(2, time.Second), idem.WithLogger(nil))
 	t.Cleanup(func() { _ = c2.Close() })
-	servers, err = c2.CheckServers(ctx)
+	servers, err = c2.Check(ctx)
 	mustProblems(t, servers, err, 4, "Redis at "+evicting+": maxmemory-policy is allkeys-random", "WithReplicas(2)", "1 are connected")
 	for _, s := range servers {
 		if !strings.Contains(err.Error(), "Redis at "+s.Addr+": WithReplicas(2)") {

@@ -74,8 +74,7 @@ func TestEventExecutedAndReplayed(t *testing.T) {
 	c, r := observed(t, b)
 	ctx := context.Background()
 	var l idemtest.Runs
-	var info idem.CallInfo
-	if _, err := c.Do(idem.WithCallInfo(ctx, &info), "order-1", "fp", l.Fn("ok")); err != nil {
+	if _, err := c.Do(ctx, "order-1", "fp", l.Fn("ok")); err != nil {
 		t.Fatal(err)
 	}
 	ev := r.take()
@@ -87,12 +86,11 @@ func TestEventExecutedAndReplayed(t *testing.T) {
 	if want := idem.EventKeyDigest(testSecret, "order-1"); e.Key != want || len(e.Key) != 32 || e.RawKey != "" {
 		t.Fatalf("key %q, raw %q; want the digest %q and no raw key", e.Key, e.RawKey, want)
 	}
-	if !info.Ran() || info.Replayed() || info.Outcome != idem.EventExecuted || info.Attempt != 1 {
-		t.Fatalf("CallInfo of the first call: %+v", info)
+	if !e.Kind.Ran() || !e.Kind.Outcome() {
+		t.Fatalf("executed is not an outcome that ran fn")
 	}
 
-	info = idem.CallInfo{}
-	if _, err := c.Do(idem.WithCallInfo(ctx, &info), "order-1", "fp", l.Fn("again")); err != nil {
+	if _, err := c.Do(ctx, "order-1", "fp", l.Fn("again")); err != nil {
 		t.Fatal(err)
 	}
 	ev = r.take()
@@ -100,41 +98,40 @@ func TestEventExecutedAndReplayed(t *testing.T) {
 	if ev[0].Err != nil || ev[0].Owned != 0 || ev[0].Key != e.Key {
 		t.Fatalf("replayed: %+v", ev[0])
 	}
-	if info.Ran() || !info.Replayed() {
-		t.Fatalf("CallInfo of the replay: %+v", info)
+	if ev[0].Kind.Ran() {
+		t.Fatalf("a replay ran fn")
 	}
 	if n := l.Count("order-1"); n != 1 {
 		t.Fatalf("fn ran %d times", n)
 	}
 }
 
-// A CallInfo needs no observer, and calls inside fn do not fill it in.
-func TestCallInfoWithoutObserver(t *testing.T) {
+// Each call reports its own events: the calls made inside fn do not
+// change the outer call's (its outcome stays executed although the last
+// inner call was a replay), and a call with a nil fn reports an error.
+func TestEventsOfCallsInsideFn(t *testing.T) {
 	b := idemtest.Redis(t, redistest.Config{})
-	c := b.Idem(t)
+	c, r := observed(t, b)
 	ctx := context.Background()
-	var outer idem.CallInfo
-	_, err := c.Do(idem.WithCallInfo(ctx, &outer), "outer", "", func(ctx context.Context) ([]byte, error) {
+	_, err := c.Do(ctx, "outer", "", func(ctx context.Context) ([]byte, error) {
 		if _, err := c.Do(ctx, "inner", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 			return nil, err
 		}
-		// The inner key is done: a replay inside fn must not mark the
-		// outer call as replayed.
 		return c.Do(ctx, "inner", "", func(context.Context) ([]byte, error) { return nil, nil })
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if outer.Outcome != idem.EventExecuted || !outer.Ran() {
-		t.Fatalf("outer CallInfo: %+v", outer)
+	ev := r.take()
+	mustKinds(t, ev, "executed,replayed,executed")
+	inner, outer := idem.EventKeyDigest(testSecret, "inner"), idem.EventKeyDigest(testSecret, "outer")
+	if ev[0].Key != inner || ev[1].Key != inner || ev[2].Key != outer || ev[2].Attempt != 1 {
+		t.Fatalf("events %+v: want inner's executed and replayed, then outer's executed", ev)
 	}
-	var again idem.CallInfo
-	if _, err := c.Do(idem.WithCallInfo(ctx, &again), "outer", "", nil); err == nil {
+	if _, err := c.Do(ctx, "outer", "", nil); err == nil {
 		t.Fatal("a nil fn was accepted")
 	}
-	if again.Outcome != idem.EventError {
-		t.Fatalf("nil fn: CallInfo %+v, want an error outcome", again)
-	}
+	mustKinds(t, r.take(), "error")
 }
 
 func TestEventRawKeys(t *testing.T) {
@@ -211,10 +208,9 @@ func TestEventInProcessDuplicate(t *testing.T) {
 	c, r := observed(t, b)
 	var l idemtest.Runs
 	finish, done := startOwner(t, c, "k", &l)
-	var info idem.CallInfo
 	out := make(chan error, 1)
 	go func() {
-		_, err := c.Do(idem.WithCallInfo(context.Background(), &info), "k", "fp", l.Fn("never"))
+		_, err := c.Do(context.Background(), "k", "fp", l.Fn("never"))
 		out <- err
 	}()
 	idemtest.Eventually(t, 10*time.Second, "the duplicate to join the flight", func() bool { return idem.HasFollower(c, "k") })
@@ -236,8 +232,10 @@ func TestEventInProcessDuplicate(t *testing.T) {
 	if s := strings.Join(got, ","); s != "executed,waited,replayed" && s != "waited,replayed,executed" && s != "waited,executed,replayed" {
 		t.Fatalf("events %s", s)
 	}
-	if !info.Replayed() || info.Wait <= 0 {
-		t.Fatalf("duplicate's CallInfo %+v", info)
+	for _, e := range ev {
+		if e.Kind == idem.EventReplayed && e.Wait <= 0 {
+			t.Fatalf("the duplicate's replay waited %v, want its wait", e.Wait)
+		}
 	}
 }
 
@@ -310,19 +308,18 @@ func TestEventReleasedAndFailed(t *testing.T) {
 	}
 
 	// A panic is released too; the event says the call did not return.
-	var info idem.CallInfo
 	func() {
 		defer func() {
 			if recover() == nil {
 				t.Fatal("the panic did not reach the caller")
 			}
 		}()
-		_, _ = c.Do(idem.WithCallInfo(ctx, &info), "k", "", func(context.Context) ([]byte, error) { panic("fn broke") })
+		_, _ = c.Do(ctx, "k", "", func(context.Context) ([]byte, error) { panic("fn broke") })
 	}()
 	ev = r.take()
 	mustKinds(t, ev, "took_over,released")
-	if ev[1].Attempt != 2 || ev[1].Err == nil || !strings.Contains(ev[1].Err.Error(), "panicked") || info.Outcome != idem.EventReleased {
-		t.Fatalf("panic: events %+v, CallInfo %+v", ev, info)
+	if ev[1].Attempt != 2 || ev[1].Err == nil || !strings.Contains(ev[1].Err.Error(), "panicked") {
+		t.Fatalf("panic: events %+v", ev)
 	}
 
 	_, err = c.Do(ctx, "p", "", func(context.Context) ([]byte, error) { return nil, idem.Permanent(boom) })
@@ -459,7 +456,7 @@ func TestEventKindNames(t *testing.T) {
 }
 
 // BenchmarkReplayObserved is BenchmarkReplay/100B/idem with an observer
-// that does nothing, and with a CallInfo: what taking notes costs a call.
+// that does nothing: what taking notes costs a call.
 func BenchmarkReplayObserved(b *testing.B) {
 	srv := benchRedis(b)
 	ctx := context.Background()
@@ -469,8 +466,7 @@ func BenchmarkReplayObserved(b *testing.B) {
 		opts []idem.Option
 		ctx  func() context.Context
 	}{
-		{"observer", []idem.Option{idem.WithObserver(idem.ObserverFunc(func(context.Context, idem.Event) {}))}, func() context.Context { return ctx }},
-		{"callinfo", nil, func() context.Context { return idem.WithCallInfo(ctx, new(idem.CallInfo)) }},
+		{"observer", []idem.Option{idem.WithObserver(observerFunc(func(context.Context, idem.Event) {}))}, func() context.Context { return ctx }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			c := benchIdem(b, srv.addr, tc.opts...)

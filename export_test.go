@@ -31,6 +31,18 @@ func ChannelKey(c *Client, key string) string { return c.keys(key)[1] }
 // Subscribed is the number of channels c's hub is subscribed to.
 func Subscribed(c *Client) int { return c.hub.Subscribed() }
 
+// WithPollInterval sets the longest pause between a waiter's polls (500ms
+// by default; at least 1ms).
+func WithPollInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Millisecond {
+			c.problem("WithPollInterval(%v): must be at least 1ms", d)
+			return
+		}
+		c.pollInterval = d
+	}
+}
+
 // NoPolling makes c's waiters rely on pub/sub alone (and the owner's lease
 // end): their first poll is an hour away.
 func NoPolling(c *Client) { c.firstPoll = time.Hour }

@@ -276,7 +276,7 @@ func AttemptFrom(ctx context.Context) (Attempt, bool) {
 // read-only, and copy it before changing it.
 func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) (res []byte, err error) {
 	cl := &call{c: c, key: key, fn: fn}
-	if !c.observed(ctx) {
+	if !c.observed() {
 		return cl.do(ctx, fingerprint)
 	}
 	ctx = cl.startNotes(ctx)

@@ -21,3 +21,8 @@ func TestMain(m *testing.M) {
 	idemtest.ScriptSource = idem.ScriptSource
 	goleak.VerifyTestMain(m)
 }
+
+// observerFunc adapts a function to an idem.Observer.
+type observerFunc func(ctx context.Context, e idem.Event)
+
+func (f observerFunc) Observe(ctx context.Context, e idem.Event) { f(ctx, e) }

@@ -44,7 +44,7 @@ func defaultConfig() config {
 		retention:     24 * time.Hour,
 		lease:         30 * time.Second,
 		wait:          10 * time.Second,
-		pollInterval:  500 * time.Millisecond,
+		pollInterval:  500 * time.Millisecond, // a waiter's longest pause between polls
 		storeTimeout:  10 * time.Second,
 		maxKeyLen:     512,
 		maxResultSize: 1 << 20,
@@ -132,21 +132,6 @@ func WithWait(d time.Duration) Option {
 			return
 		}
 		c.wait = d
-	}
-}
-
-// WithPollInterval sets the longest pause between two checks of a waiting
-// duplicate. Waiters are woken by Redis pub/sub; polling, with jittered
-// backoff up to this interval and never past the owner's lease, is the
-// fallback for lost notifications. It must be at least 1ms.
-// The default is 500 milliseconds.
-func WithPollInterval(d time.Duration) Option {
-	return func(c *config) {
-		if d < time.Millisecond {
-			c.problem("WithPollInterval(%v): must be at least 1ms", d)
-			return
-		}
-		c.pollInterval = d
 	}
 }
 
@@ -324,4 +309,46 @@ func WithTombstones(d time.Duration) Option {
 		}
 		c.tombstones = d
 	}
+}
+
+// WithObserver adds an Observer that receives an Event for every step and
+// outcome of every call of Do (see Event). It may be given more than once:
+// each observer gets every event, in the order they were given. Without
+// observers, calls take no notes: they cost no allocation and no clock
+// reading more.
+// The default is no observer.
+func WithObserver(o Observer) Option {
+	return func(c *config) {
+		if o == nil {
+			c.problem("WithObserver(nil): give an Observer")
+			return
+		}
+		c.observers = append(c.observers, o)
+	}
+}
+
+// WithEventKeySecret sets the secret of the keyed digest (HMAC-SHA256)
+// that stands for the key in events (Event.Key): keys may carry personal
+// or guessable data, which a plain hash would not hide. Give every
+// instance of a service the same secret, at least 16 bytes (32 random
+// bytes, say), so that their digests of one key agree and can be matched
+// across logs and traces.
+// The default is a random secret per process: digests agree within a
+// process only.
+func WithEventKeySecret(secret []byte) Option {
+	return func(c *config) {
+		if len(secret) < 16 {
+			c.problem("WithEventKeySecret: the secret has %d bytes, want at least 16", len(secret))
+			return
+		}
+		c.eventSecret = append([]byte(nil), secret...)
+	}
+}
+
+// WithRawEventKeys makes events carry the key itself (Event.RawKey) as well
+// as its digest. Turn it on only where keys are not sensitive and the
+// observer's output (logs, traces) is as private as Redis.
+// The default is false: events carry the digest only.
+func WithRawEventKeys(raw bool) Option {
+	return func(c *config) { c.rawEventKeys = raw }
 }

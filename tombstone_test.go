@@ -227,7 +227,7 @@ func TestReplayEventAge(t *testing.T) {
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	var got []idem.Event
-	c := b.Idem(t, idem.WithObserver(idem.ObserverFunc(func(_ context.Context, e idem.Event) { got = append(got, e) })))
+	c := b.Idem(t, idem.WithObserver(observerFunc(func(_ context.Context, e idem.Event) { got = append(got, e) })))
 	var l idemtest.Runs
 	if _, err := c.Do(ctx, "k", "fp", l.Fn("r")); err != nil {
 		t.Fatal(err)

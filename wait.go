@@ -17,7 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The first pause of a waiter's polling; it doubles up to WithPollInterval.
+// The first pause of a waiter's polling; it doubles up to the poll
+// interval (500ms: config.pollInterval).
 const defaultFirstPoll = 25 * time.Millisecond
 
 // claim is one caller's way through the key: claim, and while another owner

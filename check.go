@@ -181,3 +181,18 @@ func field(text, sep, prefix string) string {
 	}
 	return ""
 }
+
+// checkEvictionPolicy warns through the logger when the server's
+// maxmemory-policy is not noeviction, or cannot be read (New runs it).
+func (c *Client) checkEvictionPolicy(ctx context.Context) {
+	m, err := c.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		c.cfg.logger.Warn("idem: cannot check Redis maxmemory-policy; make sure it is noeviction, or live claims may be evicted",
+			"error", err)
+		return
+	}
+	if p, ok := m["maxmemory-policy"]; ok && p != "noeviction" {
+		c.cfg.logger.Warn("idem: Redis maxmemory-policy is not noeviction: records have TTLs, so Redis may evict live claims and let a retry run twice",
+			"maxmemory-policy", p)
+	}
+}

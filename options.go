@@ -237,20 +237,13 @@ func WithReplicas(n int, timeout time.Duration) Option {
 
 // WithPipelines sets how many pipelines of scripts the Client keeps in
 // flight at once (per master on a Redis Cluster). A call that finds fewer
-// in flight and none queued sends its script at once, as a plain EVALSHA;
+// in flight and none queued sends its script alone, with its own context;
 // otherwise it queues, and the next pipeline carries every queued call's
-// script (up to 256): concurrent calls share round trips, and the server
-// and the client spend less on each call. Each call keeps its own reply,
-// its own errors and its own context: a call whose context ends while it
-// waits returns then. A shared pipeline runs with a context of its own
-// that carries no caller's values, so the go-redis client's hooks
-// (tracing) never see one request's values on another's scripts; a script
-// sent alone runs with its caller's context. A pipeline in flight for 50ms
-// stops counting against n, so a reply held up holds up only its own
-// calls. 0 turns this off: every script goes alone, on a pooled connection
-// of its own, as go-redis sends it. With WithReplicas,
-// claims and completions go alone, each followed by its WAIT. n must not
-// be negative; at most 64 pipelines are in flight, slow ones included.
+// script, each call keeping its own reply, errors and context. A shared
+// pipeline runs with a context that carries no caller's values, so go-redis
+// hooks (tracing) never see one request's values on another's scripts.
+// With WithReplicas, claims and completions go alone. 0 sends every script
+// alone; n must not be negative.
 // The default is 4.
 func WithPipelines(n int) Option {
 	return func(c *config) {

@@ -4,6 +4,7 @@
 package idem
 
 import (
+	"crypto/rand"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,6 +13,48 @@ import (
 	"unicode/utf8"
 	"unsafe"
 )
+
+// keys returns the Redis keys of key's record and of its notification
+// channel, built in one allocation: <prefix>:{<escaped key>} and the same
+// with ":done" after it. The escaping ('\' to "\\", '}' to "\c") keeps the
+// hash tag non-empty and exactly the key, so the record and its channel
+// always share a cluster slot, whatever bytes the key holds.
+func (c *Client) keys(key string) []string {
+	var b strings.Builder
+	b.Grow(len(c.cfg.prefix) + len(key) + 4 + len(doneSuffix))
+	b.WriteString(c.cfg.prefix)
+	b.WriteString(":{")
+	if strings.IndexByte(key, '\\') >= 0 || strings.IndexByte(key, '}') >= 0 {
+		for i := 0; i < len(key); i++ {
+			switch key[i] {
+			case '\\':
+				b.WriteString(`\\`)
+			case '}':
+				b.WriteString(`\c`)
+			default:
+				b.WriteByte(key[i])
+			}
+		}
+	} else {
+		b.WriteString(key)
+	}
+	b.WriteByte('}')
+	b.WriteString(doneSuffix)
+	ch := b.String()
+	return []string{ch[:len(ch)-len(doneSuffix)], ch}
+}
+
+const doneSuffix = ":done"
+
+// recordKey is the Redis key of key's record.
+func (c *Client) recordKey(key string) string { return c.keys(key)[0] }
+
+// newToken returns a random owner token of 16 bytes.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand documents it)
+	return string(b[:])
+}
 
 // recordVersion is the first byte of every record this version writes
 // and reads.
@@ -49,7 +92,7 @@ type claimReply struct {
 	n         int64         // attempt number (claimed, busy)
 	leaseLeft time.Duration // (claimed, busy)
 	payload   string        // result (done), message (failed), reason (bad record)
-	owner     string        // the owner's token: of the live lease (busy; "" from scripts before it was sent), of the finished attempt (done, failed)
+	owner     string        // the owner's token: of the live lease (busy; "" when the reply has none), of the finished attempt (done, failed)
 	age       time.Duration // of a finished record (done, failed), when the claim asked for it; -1 unknown
 }
 
@@ -275,16 +318,15 @@ var recordBufs sync.Pool
 
 const pooledRecord = 64 << 10
 
-// A failed record's payload (its tail) is, from this version
-// on, either of
+// A failed record's payload (its tail) is either of
 //
 //	message                         an error without a code
 //	0x00 0x01 len(code) code message an error with a code, or a message
 //	                                that starts with 0x00
 //
-// len(code) is one byte. Earlier versions stored the message alone, and
-// lua/*.lua treat the payload as opaque bytes: readFailure reads any
-// payload that is not a well-formed coded one as a message, as before.
+// len(code) is one byte. lua/*.lua treat the payload as opaque bytes;
+// readFailure reads any payload that is not a well-formed coded one as a
+// message.
 const failureCoded = "\x00\x01"
 
 // minFailureSize is the least room a failure's payload gets, whatever

@@ -13,6 +13,21 @@ import (
 // State is the state of a key's record.
 type State int
 
+// The states of a record.
+const (
+	// StateAbsent: no record; the next Do runs fn as attempt 1.
+	StateAbsent State = iota
+	// StateInProgress: an attempt holds or held the lease.
+	StateInProgress
+	// StateDone: a result is stored and replayed.
+	StateDone
+	// StateFailed: a permanent error is stored and replayed.
+	StateFailed
+	// StateReleased: the last attempt failed transiently; the next Do runs
+	// fn again with the next attempt number.
+	StateReleased
+)
+
 // String returns the state's name.
 func (s State) String() string {
 	switch s {

@@ -9,7 +9,9 @@
 // goroutine writes every queued call, up to MaxBatch, as one pipeline. Each
 // call keeps its own reply and errors: a script that fails, or NOSCRIPT,
 // fails only its call (scripts the server had not cached are sent whole, in
-// a second pipeline).
+// a second pipeline). A pipeline in flight for longer than SlowSend stops
+// holding its place, so that a reply held up holds up only its own calls;
+// at most MaxInFlight pipelines are in flight.
 //
 // # When a script ran
 //

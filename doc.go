@@ -69,6 +69,14 @@
 // the retention finds no record and runs fn again, unless WithTombstones
 // keeps a trace of the key to refuse it (ErrLateRetry).
 //
+// # Steps
+//
+// An fn of several effects wraps each in Step: a step's outcome is
+// checkpointed beside the record (compare-and-set on the owner token), and
+// a later attempt resumes after the last checkpointed step. StepKey gives
+// each step a stable key for the downstream system, which alone covers a
+// step that acted and crashed before its checkpoint. See docs/steps.md.
+//
 // # Typed results
 //
 // The typed Do stores fn's result encoded with msgpack. The owner gets fn's

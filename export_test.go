@@ -48,8 +48,8 @@ func WithPollInterval(d time.Duration) Option {
 func NoPolling(c *Client) { c.firstPoll = time.Hour }
 
 // ScriptSource is the full source of the named script ("claim",
-// "complete", "release", "renew", "status") as sent to Redis, helpers
-// included.
+// "complete", "release", "renew", "status", "step") as sent to Redis,
+// helpers included.
 func ScriptSource(name string) string { return scriptByName(name).Src }
 
 // ScriptSHA is the SHA-1 that EVALSHA sends for the named script.
@@ -67,6 +67,8 @@ func scriptByName(name string) pipeline.Script {
 		return renewScript
 	case "status":
 		return statusScript
+	case "step":
+		return stepScript
 	}
 	panic("no script " + name)
 }

@@ -237,7 +237,7 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 			p.setCodec(codec.t.String(), func(v any) ([]byte, error) {
 				t, ok := v.(T)
 				if !ok {
-					return nil, fmt.Errorf("Do[%s] records a %s, not a %T", codec.t, codec.t, v)
+					return nil, fmt.Errorf("the typed Do records a %s, not a %T", codec.t, v)
 				}
 				return codec.encode(&t)
 			})

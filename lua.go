@@ -31,6 +31,8 @@ var (
 	tombstoneSrc string
 	//go:embed lua/forget.lua
 	forgetSrc string
+	//go:embed lua/step.lua
+	stepSrc string
 
 	claimScript    = newScript(claimSrc)
 	completeScript = newScript(completeSrc)
@@ -38,6 +40,7 @@ var (
 	renewScript    = newScript(renewSrc)
 	statusScript   = newScript(statusSrc)
 	forgetScript   = newScript(forgetSrc)
+	stepScript     = newScript(stepSrc)
 )
 
 // newScript inserts the helpers of lua/record.lua into a script where it

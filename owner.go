@@ -36,6 +36,7 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	o := &owning{fctx: attemptCtx{Context: cctx, a: Attempt{Key: cl.key, Number: cl.n}, cancel: cancel, call: cl}}
 	fctx := &o.fctx
 	fctx.deadline.Store(deadline)
+	fctx.steps.init(c, cl.key, cl.keys[0], cl.token, cl.n)
 	var p *Pending
 	if c.cfg.ledger != nil {
 		p = &Pending{key: cl.key, fp: cl.fp, n: cl.n, maxResult: c.cfg.maxResultSize}
@@ -50,6 +51,7 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 			// fn panicked (the panic goes on to the caller) or called
 			// runtime.Goexit (t.FailNow does): stop renewing, give the
 			// claim back, and let either go on.
+			fctx.steps.end()
 			c.renewals.stop(&o.lease)
 			if p != nil {
 				p.close() // a commit left behind gets ErrNoLedger
@@ -70,6 +72,7 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 		res, err = cl.fn(fctx)
 	}
 	returned = true
+	fctx.steps.end()
 	c.renewals.stop(&o.lease)
 	if p != nil {
 		if e, mine, v := p.close(); e != nil {

@@ -62,6 +62,15 @@ func StartChild(t testing.TB, test, tag string, env ...string) *Child {
 	return c
 }
 
+// Reports returns the child's reports, without the tag, in order; it is
+// closed when the child's stdout is. Read reports with Expect or with
+// Reports, not both at once.
+func (c *Child) Reports() <-chan string { return c.lines }
+
+// State returns the state of the child's process once Exited returned
+// (nil before).
+func (c *Child) State() *os.ProcessState { return c.cmd.ProcessState }
+
 // Pid returns the child's process id.
 func (c *Child) Pid() int { return c.cmd.Process.Pid }
 

@@ -140,7 +140,10 @@ func TestChild(t *testing.T) {
 		t.Fatal("no pid")
 	}
 	k.Kill()
-	if _, err := k.Exited(t); err == nil {
+	if _, err := k.Exited(t); err == nil || k.State() == nil || k.State().Success() {
 		t.Fatal("a killed child exited without an error")
+	}
+	for line := range k.Reports() {
+		t.Fatalf("a report after the exit: %q", line)
 	}
 }

@@ -1304,10 +1304,18 @@ func TestAttackClusterManualFailoverUnderBatchedCalls(t *testing.T) {
 	master := m.Options().Addr
 	var replica *redistest.Server
 	id := m.Do(ctx, "CLUSTER", "MYID").Val()
-	lines := fmt.Sprint(m.Do(ctx, "CLUSTER", "REPLICAS", id).Val())
-	for _, s := range cl.Nodes() {
-		if strings.Contains(lines, " "+s.Addr()+"@") {
-			replica = s
+	var lines string
+	// The master's view of its replica may lag the cluster's start on a
+	// busy machine: ask until it names one.
+	for deadline := time.Now().Add(10 * time.Second); replica == nil && time.Now().Before(deadline); {
+		lines = fmt.Sprint(m.Do(ctx, "CLUSTER", "REPLICAS", id).Val())
+		for _, s := range cl.Nodes() {
+			if strings.Contains(lines, " "+s.Addr()+"@") {
+				replica = s
+			}
+		}
+		if replica == nil {
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	if replica == nil {

@@ -39,7 +39,7 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	fctx.steps.init(c, cl.key, cl.keys[0], cl.token, cl.n)
 	var p *Pending
 	if c.cfg.ledger != nil {
-		p = &Pending{key: cl.key, fp: cl.fp, n: cl.n, maxResult: c.cfg.maxResultSize}
+		p = &Pending{key: cl.key, fp: cl.fp, n: cl.n, maxResult: c.cfg.maxResultSize, ledger: c.cfg.ledger}
 		fctx.pending = p
 	}
 	o.lease = renewal{ctx: fctx, due: monoBase.Add(time.Duration(deadline) - 2*c.renewals.every)}
@@ -75,12 +75,20 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	fctx.steps.end()
 	c.renewals.stop(&o.lease)
 	if p != nil {
-		if e, mine, v := p.close(); e != nil {
+		e, mine, v, undecided := p.close()
+		if e != nil {
 			res, retry, err = cl.finishFromLedger(ctx, e, mine, err)
 			if ferr, ok := v.(error); ok && mine && e.Failed {
 				err = ferr // the owner's own error, as without a ledger
 			}
 			return res, retry, err
+		}
+		if undecided && err == nil {
+			// fn tried to commit and did not, yet returned success: storing
+			// its result in Redis would record an outcome the ledger lacks.
+			// Transient: the next attempt's lookup tells whether the
+			// commit landed after all.
+			err = fmt.Errorf("idem: key %q: fn returned success, but its ledger commit did not complete: nothing is recorded, and the next call looks the ledger up", cl.key)
 		}
 	}
 	switch {

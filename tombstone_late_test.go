@@ -10,19 +10,20 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
 // lateCounts returns the late-retry counts of the backend's tombstones
 // (lua/tombstone.lua: the hashes <prefix>:t:{<tag>}:late), by hash.
-func lateCounts(t *testing.T, b *backend) map[string]map[string]string {
+func lateCounts(t *testing.T, b *idemtest.Backend) map[string]map[string]string {
 	t.Helper()
 	out := map[string]map[string]string{}
-	for _, k := range b.do(t, "KEYS", "idem:t:{*}:late").([]any) {
+	for _, k := range b.Do(t, "KEYS", "idem:t:{*}:late").([]any) {
 		k := k.(string)
 		m := map[string]string{}
-		v := b.do(t, "HGETALL", k)
+		v := b.Do(t, "HGETALL", k)
 		switch v := v.(type) {
 		case map[any]any: // RESP3
 			for f, n := range v {
@@ -38,15 +39,17 @@ func lateCounts(t *testing.T, b *backend) map[string]map[string]string {
 	return out
 }
 
-// serverNow is the backend's clock: miniredis's virtual one once a test
-// moved it, else the wall clock.
-func (b *backend) serverNow() time.Time {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.now.IsZero() {
-		return time.Now()
+// serverNow is the backend's clock, as Lua's TIME reads it (miniredis's
+// follows the test's virtual time).
+func serverNow(t *testing.T, b *idemtest.Backend) time.Time {
+	t.Helper()
+	v := b.Do(t, "TIME").([]any)
+	sec, err1 := strconv.ParseInt(v[0].(string), 10, 64)
+	usec, err2 := strconv.ParseInt(v[1].(string), 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("TIME: %v", v)
 	}
-	return b.now
+	return time.Unix(sec, usec*1000)
 }
 
 func epochDay(t time.Time) int64 { return t.UnixMilli() / 86_400_000 }
@@ -55,31 +58,31 @@ func epochDay(t time.Time) int64 { return t.UnixMilli() / 86_400_000 }
 // hash beside its tombstone's buckets; conflicts and new keys are not; the
 // hash keeps the last 8 days and expires 8 days after its last count.
 func TestTombstoneCountsLateRetries(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
-		c := b.idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
-		var l ledger
+		c := b.Idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
+		var l idemtest.Runs
 		for _, k := range []string{"a", "b"} {
-			if _, err := c.Do(ctx, k, "fp", l.fn("r")); err != nil {
+			if _, err := c.Do(ctx, k, "fp", l.Fn("r")); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if got := lateCounts(t, b); len(got) != 0 {
 			t.Fatalf("late counts before any late retry: %v", got)
 		}
-		b.advance(t, 1200*time.Millisecond)
+		b.Advance(t, 1200*time.Millisecond)
 		for _, k := range []string{"a", "a", "b"} {
-			if _, err := c.Do(ctx, k, "fp", l.fn("r")); !errors.Is(err, idem.ErrLateRetry) {
+			if _, err := c.Do(ctx, k, "fp", l.Fn("r")); !errors.Is(err, idem.ErrLateRetry) {
 				t.Fatalf("%s: %v; want ErrLateRetry", k, err)
 			}
 		}
-		if _, err := c.Do(ctx, "a", "other", l.fn("r")); !errors.Is(err, idem.ErrConflict) {
+		if _, err := c.Do(ctx, "a", "other", l.Fn("r")); !errors.Is(err, idem.ErrConflict) {
 			t.Fatalf("other parameters: %v; want ErrConflict", err)
 		}
-		if _, err := c.Do(ctx, "new", "fp", l.fn("r")); err != nil {
+		if _, err := c.Do(ctx, "new", "fp", l.Fn("r")); err != nil {
 			t.Fatal(err)
 		}
-		now := b.serverNow()
+		now := serverNow(t, b)
 		days := map[string]bool{strconv.FormatInt(epochDay(now), 10): true, strconv.FormatInt(epochDay(now.Add(-5*time.Second)), 10): true}
 		var total int64
 		for k, m := range lateCounts(t, b) {
@@ -90,7 +93,7 @@ func TestTombstoneCountsLateRetries(t *testing.T) {
 				v, _ := strconv.ParseInt(n, 10, 64)
 				total += v
 			}
-			pttl := b.do(t, "PTTL", k).(int64)
+			pttl := b.Do(t, "PTTL", k).(int64)
 			if pttl <= 7*24*3600*1000 || pttl > 8*24*3600*1000 {
 				t.Errorf("%s: PTTL %dms, want 7 to 8 days", k, pttl)
 			}
@@ -101,21 +104,21 @@ func TestTombstoneCountsLateRetries(t *testing.T) {
 
 		// The hash stays bounded: a count drops the days before the last 8.
 		for k := range lateCounts(t, b) {
-			b.do(t, "DEL", k)
+			b.Do(t, "DEL", k)
 		}
-		if _, err := c.Do(ctx, "a", "fp", l.fn("r")); !errors.Is(err, idem.ErrLateRetry) {
+		if _, err := c.Do(ctx, "a", "fp", l.Fn("r")); !errors.Is(err, idem.ErrLateRetry) {
 			t.Fatalf("a: %v; want ErrLateRetry", err)
 		}
 		var late string
 		for k := range lateCounts(t, b) {
 			late = k
 		}
-		today := epochDay(b.serverNow())
+		today := epochDay(serverNow(t, b))
 		for d := today - 30; d < today; d += 3 {
-			b.do(t, "HSET", late, d, 1)
+			b.Do(t, "HSET", late, d, 1)
 		}
-		b.do(t, "HSET", late, "not-a-day", 1)
-		if _, err := c.Do(ctx, "a", "fp", l.fn("r")); !errors.Is(err, idem.ErrLateRetry) {
+		b.Do(t, "HSET", late, "not-a-day", 1)
+		if _, err := c.Do(ctx, "a", "fp", l.Fn("r")); !errors.Is(err, idem.ErrLateRetry) {
 			t.Fatalf("a: %v; want ErrLateRetry", err)
 		}
 		got := lateCounts(t, b)[late]
@@ -131,7 +134,7 @@ func TestTombstoneCountsLateRetries(t *testing.T) {
 		if len(got) != 3 { // today, today-3 and today-6
 			t.Errorf("fields %v, want 3", got)
 		}
-		if n := l.count("a"); n != 1 {
+		if n := l.Count("a"); n != 1 {
 			t.Fatalf("a ran %d times, want 1", n)
 		}
 	})
@@ -148,19 +151,19 @@ func TestTombstoneCountsLateRetriesCluster(t *testing.T) {
 	c := idem.New(cc, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
-	var l ledger
+	var l idemtest.Runs
 	var keys []string
 	for i := range 40 {
 		keys = append(keys, fmt.Sprint("late-", i))
 	}
 	for _, k := range keys {
-		if _, err := c.Do(ctx, k, "fp", l.fn("r")); err != nil {
+		if _, err := c.Do(ctx, k, "fp", l.Fn("r")); err != nil {
 			t.Fatalf("%q: %v", k, err)
 		}
 	}
 	time.Sleep(1300 * time.Millisecond)
 	for _, k := range keys {
-		if _, err := c.Do(ctx, k, "fp", l.fn("r")); !errors.Is(err, idem.ErrLateRetry) {
+		if _, err := c.Do(ctx, k, "fp", l.Fn("r")); !errors.Is(err, idem.ErrLateRetry) {
 			t.Fatalf("%q: %v; want ErrLateRetry", k, err)
 		}
 	}

@@ -1,0 +1,125 @@
+// lua.go: the embedded Lua scripts (lua/*.lua), and the calls that send
+// them: claimOnce, and write (EVALSHA with the EVAL fallback, in shared
+// pipelines, or with WAIT for WithReplicas).
+
+package idem
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strings"
+
+	"github.com/idem-go/idem/internal/pipeline"
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lua/record.lua
+	recordSrc string
+	//go:embed lua/claim.lua
+	claimSrc string
+	//go:embed lua/complete.lua
+	completeSrc string
+	//go:embed lua/release.lua
+	releaseSrc string
+	//go:embed lua/renew.lua
+	renewSrc string
+	//go:embed lua/status.lua
+	statusSrc string
+	//go:embed lua/tombstone.lua
+	tombstoneSrc string
+	//go:embed lua/forget.lua
+	forgetSrc string
+	//go:embed lua/step.lua
+	stepSrc string
+
+	claimScript    = newScript(claimSrc)
+	completeScript = newScript(completeSrc)
+	releaseScript  = newScript(releaseSrc)
+	renewScript    = newScript(renewSrc)
+	statusScript   = newScript(statusSrc)
+	forgetScript   = newScript(forgetSrc)
+	stepScript     = newScript(stepSrc)
+)
+
+// newScript inserts the helpers of lua/record.lua into a script where it
+// says --[[lua/record.lua]], or else at its top.
+func newScript(src string) pipeline.Script {
+	src = strings.ReplaceAll(src, tombstoneMarker, tombstoneSrc)
+	if strings.Contains(src, recordMarker) {
+		src = strings.Replace(src, recordMarker, recordSrc, 1)
+	} else {
+		src = recordSrc + "\n" + src
+	}
+	return pipeline.NewScript(src)
+}
+
+const (
+	recordMarker    = "--[[lua/record.lua]]"
+	tombstoneMarker = "--[[lua/tombstone.lua]]"
+)
+
+// claimOnce runs lua/claim.lua for a call with fingerprint digest fp; keys are
+// the record's and its channel's, first the record that a claim of a new
+// key writes (claimRecord of attempt 1), which also tells the script the
+// call's fingerprint, owner token and lease.
+func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
+	var v any
+	var err error
+	if c.tomb.on {
+		tkeys := []string{keys[0], c.tomb.base(c.cfg.prefix, keys[0])}
+		v, err = c.write(ctx, claimScript, tkeys, first, c.retentionMs, c.ages,
+			tombstoneField(keys[0]), c.tomb.span, c.tomb.window, fp[:min(len(fp), 8)]).Result()
+	} else {
+		v, err = c.write(ctx, claimScript, keys[:1], first, c.retentionMs, c.ages).Result()
+	}
+	if err != nil {
+		return claimReply{}, err
+	}
+	return claimResult(v, fp, c.cfg.lease, c.cfg.retention)
+}
+
+// write runs a script that changes a record: alone, or in one pipeline with
+// concurrent calls' scripts (see internal/pipeline). With WithReplicas, the script
+// goes alone: it and a WAIT go in one pipeline, on one connection to the record's primary,
+// and a shortfall of replicas is an error wrapping ErrNotReplicated (the
+// script's reply is kept in the returned command all the same).
+func (c *Client) write(ctx context.Context, s pipeline.Script, keys []string, args ...any) *redis.Cmd {
+	if c.cfg.replicas == 0 {
+		return c.scripts.Run(ctx, s, keys, args...)
+	}
+	var node redis.Cmdable = c.rdb
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return pipeline.ErrCmd(ctx, err)
+		}
+		node = m
+	}
+	send := func(sha bool) (*redis.Cmd, *redis.Cmd) {
+		pipe := node.Pipeline()
+		var cmd *redis.Cmd
+		if sha {
+			cmd = pipe.EvalSha(ctx, s.Hash(), keys, args...)
+		} else {
+			cmd = pipe.Eval(ctx, s.Src, keys, args...)
+		}
+		w := pipe.Do(ctx, "WAIT", c.cfg.replicas, c.cfg.replicaWait.Milliseconds())
+		_, _ = pipe.Exec(ctx)
+		return cmd, w
+	}
+	cmd, w := send(true)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd, w = send(false)
+	}
+	if cmd.Err() != nil {
+		return cmd
+	}
+	if err := w.Err(); err != nil {
+		cmd.SetErr(fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err))
+	} else if got, _ := w.Val().(int64); got < int64(c.cfg.replicas) {
+		cmd.SetErr(fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, got, c.cfg.replicas, c.cfg.replicaWait))
+	}
+	return cmd
+}

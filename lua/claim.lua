@@ -42,10 +42,10 @@
 --   {"v", reason}          the record is not one this version understands.
 --
 -- No record is written unless the caller claims, and then in one SET (a
--- late retry only counts itself, beside the tombstones). A new
--- key costs one GET and that SET; a replay one GET. These usual answers
--- come before the helpers of lua/record.lua, which are inserted below:
--- defining them (Lua closures) costs every call that reaches them.
+-- late retry only counts itself, beside the tombstones). A new key costs
+-- one GET and that SET; a replay one GET. These usual answers come before
+-- the helpers of lua/record.lua, which are inserted below: defining them
+-- (Lua closures) costs every call that reaches them.
 local s = redis.pcall('GET', KEYS[1])
 if not s then
   if KEYS[2] then

@@ -218,6 +218,10 @@ const maxPendingRenewals = 2
 // whether the claim is still ours, and when the renewal was sent (mono).
 func (c *Client) renew(ctx context.Context, keys []string, token string) (renewed bool, sent int64, err error) {
 	sent = mono()
-	n, err := c.scripts.run(ctx, renewScript, keys[:1], []any{token, c.leaseMs, c.retentionMs}).Int64()
+	// The steps' checkpoints are renewed with the record: a checkpoint
+	// must last as long as the record it belongs to, however long fn runs
+	// after it (see lua/step.lua).
+	rk := []string{keys[0], keys[0] + stepsSuffix}
+	n, err := c.scripts.run(ctx, renewScript, rk, []any{token, c.leaseMs, c.retentionMs}).Int64()
 	return err == nil && n == 1, sent, err
 }

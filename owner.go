@@ -150,6 +150,9 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	if p != nil && (n > 1 || c.cfg.ledgerLookups) {
 		// A takeover: an earlier attempt may have committed.
 		recorded, lerr = c.lookup(fctx, key)
+		if recorded == nil && lerr == nil {
+			lerr = c.leftAfterLookup(fctx, key)
+		}
 	}
 	if recorded == nil && lerr == nil {
 		res, err = fn(fctx)
@@ -213,7 +216,24 @@ func (c *Client) lookup(ctx context.Context, key string) (*Entry, error) {
 	case !ok:
 		return nil, nil
 	}
+	if err := checkEntry(key, &e); err != nil {
+		return nil, fmt.Errorf("%w (fn did not run)", err)
+	}
 	return &e, nil
+}
+
+// leftAfterLookup tells why fn must not start after a ledger lookup that
+// found nothing: the lookup took so long that the lease ended, or has
+// less left than fn may start on (the renewals failed meanwhile), or the
+// caller gave up.
+func (c *Client) leftAfterLookup(fctx *attemptCtx, key string) error {
+	if err := fctx.Err(); err != nil {
+		return fmt.Errorf("idem: key %q: after the ledger lookup (fn did not run): %w", key, causeOf(fctx, err))
+	}
+	if left := time.Duration(fctx.deadline.Load() - mono()); left < c.renewals.every {
+		return fmt.Errorf("%w: key %q: %v of the lease left after the ledger lookup (fn did not run)", ErrLeaseLost, key, left.Round(time.Millisecond))
+	}
+	return nil
 }
 
 // finishFromLedger finishes the record of attempt n from e, the outcome

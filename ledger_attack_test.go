@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -185,4 +186,199 @@ func TestLedgerAttackSlowLookupEndsLease(t *testing.T) {
 	if !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("Do: %v; want ErrLeaseLost", err)
 	}
+}
+
+// Row 37 with a real lease: the first owner's renewals never reach Redis,
+// its lease ends, and it commits all the same (it ignores its cancelled
+// context, as a paused process would). A second caller has taken over
+// meanwhile and found nothing in the ledger. Whichever commits first wins:
+// the other applies nothing, and both calls, and every replay, return the
+// winner's outcome.
+func TestLedgerAttackStaleOwnerCommits(t *testing.T) {
+	for _, staleFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("staleFirst=%v", staleFirst), func(t *testing.T) {
+			b := newRedis(t, redistest.Config{})
+			const lease = time.Second
+			ctx := context.Background()
+			l := newMemLedger()
+			in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "renew"), Action: faultconn.CloseBefore})
+			stale := faultyClient(t, b, in, noRetry, idem.WithLease(lease), idem.WithLedger(l), idem.WithLogger(nil))
+			fresh := b.idem(t, idem.WithLease(10*time.Second), idem.WithLedger(l), idem.WithWait(30*time.Second))
+
+			aCtxDone, aGo, aCommitted := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			type result struct {
+				v   []byte
+				err error
+			}
+			aDone := make(chan result, 1)
+			go func() {
+				v, err := stale.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+					<-ctx.Done()
+					close(aCtxDone)
+					<-aGo
+					err := commit(ctx, l, []byte("from-A"))
+					close(aCommitted)
+					return []byte("from-A"), err
+				})
+				aDone <- result{v, err}
+			}()
+			<-aCtxDone
+			eventually(t, 10*time.Second, "the stale owner's lease to end on the server", func() bool {
+				return serverLeaseLeft(t, b, "k") < 0
+			})
+			bIn, bGo := make(chan struct{}), make(chan struct{})
+			bDone := make(chan result, 1)
+			go func() {
+				v, err := fresh.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+					close(bIn)
+					<-bGo
+					return []byte("from-B"), commit(ctx, l, []byte("from-B"))
+				})
+				bDone <- result{v, err}
+			}()
+			select {
+			case <-bIn:
+			case r := <-bDone:
+				t.Fatalf("the takeover returned %q, %v without running fn", r.v, r.err)
+			}
+			var ra, rb result
+			want := "from-B"
+			if staleFirst {
+				want = "from-A"
+				close(aGo)
+				<-aCommitted
+				close(bGo)
+				rb = <-bDone
+				ra = <-aDone
+			} else {
+				close(bGo)
+				rb = <-bDone
+				close(aGo)
+				ra = <-aDone
+			}
+			if ra.err != nil || string(ra.v) != want || rb.err != nil || string(rb.v) != want {
+				t.Fatalf("stale owner %q, %v; new owner %q, %v; want %s for both", ra.v, ra.err, rb.v, rb.err, want)
+			}
+			if n := l.changes("k"); n != 1 {
+				t.Fatalf("%d changes applied; want 1", n)
+			}
+			faultWantStatus(t, b, "k", idem.StateDone, 2)
+			if v, err := b.idem(t, idem.WithLedger(l)).Do(ctx, "k", "fp", l.fnFails(t)); err != nil || string(v) != want {
+				t.Fatalf("replay: %q, %v; want %s", v, err, want)
+			}
+		})
+	}
+}
+
+// fn hands its commit to a goroutine and returns an error before the
+// commit lands (a commit that outlives fn, as a transaction whose COMMIT
+// was sent when fn's caller gave up). Do reports the error, not a success;
+// the next attempt finds the commit in the ledger and returns it without
+// running fn.
+func TestLedgerAttackCommitLeftBehind(t *testing.T) {
+	b := newMiniredis(t)
+	ctx := context.Background()
+	l := newMemLedger()
+	c := b.idem(t, idem.WithLedger(l), idem.WithWait(0))
+	returned, landed := make(chan struct{}), make(chan struct{})
+	_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+		p, err := idem.PendingFrom(ctx)
+		if err != nil {
+			return nil, err
+		}
+		e, err := p.Entry([]byte("receipt"))
+		if err != nil {
+			return nil, err
+		}
+		go func() {
+			defer close(landed)
+			<-returned
+			if err := l.insert(p, e, []byte("receipt")); err != nil {
+				t.Errorf("the late commit: %v", err)
+			}
+		}()
+		return nil, errors.New("gave up waiting for the database")
+	})
+	if err == nil || errors.Is(err, idem.ErrRecorded) {
+		t.Fatalf("Do: %v; want fn's error", err)
+	}
+	close(returned)
+	<-landed
+	faultWantStatus(t, b, "k", idem.StateReleased, 1)
+	v, err := c.Do(ctx, "k", "fp", l.fnFails(t))
+	if err != nil || string(v) != "receipt" {
+		t.Fatalf("attempt 2: %q, %v; want the commit that landed after attempt 1 returned", v, err)
+	}
+	if l.changes("k") != 1 {
+		t.Fatalf("changes %d", l.changes("k"))
+	}
+}
+
+// In-process followers (one Client, one key) share the owner's outcome as
+// the ledger decided it: the committed value, not what fn returned after
+// the commit; and a conflict that the ledger found.
+func TestLedgerAttackFollowersShareLedgerOutcome(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l), idem.WithWait(30*time.Second))
+		var runs atomic.Int64
+		committed := ledgerReceipt{ID: "r1", Amount: 100, Tags: []string{}}
+		fn := func(ctx context.Context) (ledgerReceipt, error) {
+			runs.Add(1)
+			eventually(t, 10*time.Second, "a follower", func() bool { return idem.HasFollower(c, "k") })
+			if err := commit(ctx, l, committed); err != nil {
+				return ledgerReceipt{}, err
+			}
+			return ledgerReceipt{ID: "returned after the commit"}, nil
+		}
+		var wg sync.WaitGroup
+		got := make([]ledgerReceipt, 8)
+		errs := make([]error, len(got))
+		for i := range got {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got[i], errs[i] = idem.Do(ctx, c, "k", "fp", fn)
+			}()
+		}
+		wg.Wait()
+		for i := range got {
+			if errs[i] != nil || got[i].ID != "r1" || got[i].Tags == nil {
+				t.Fatalf("caller %d: %+v, %v; want the committed r1", i, got[i], errs[i])
+			}
+		}
+		if runs.Load() != 1 || l.changes("k") != 1 {
+			t.Fatalf("runs %d, changes %d", runs.Load(), l.changes("k"))
+		}
+
+		// The ledger holds other parameters' outcome (Redis lost it): the
+		// owner's commit finds a conflict, and so do its followers.
+		if _, err := idem.Do(ctx, c, "k2", "other", func(ctx context.Context) (ledgerReceipt, error) {
+			return ledgerReceipt{ID: "other"}, commit(ctx, l, ledgerReceipt{ID: "other"})
+		}); err != nil {
+			t.Fatal(err)
+		}
+		b.do(t, "DEL", idem.RecordKey(c, "k2"))
+		fn2 := func(ctx context.Context) (ledgerReceipt, error) {
+			eventually(t, 10*time.Second, "a follower", func() bool { return idem.HasFollower(c, "k2") })
+			return ledgerReceipt{ID: "mine"}, commit(ctx, l, ledgerReceipt{ID: "mine"})
+		}
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got[i], errs[i] = idem.Do(ctx, c, "k2", "fp", fn2)
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if !errors.Is(err, idem.ErrConflict) {
+				t.Fatalf("caller %d with k2: %+v, %v; want ErrConflict", i, got[i], err)
+			}
+		}
+		if l.changes("k2") != 1 {
+			t.Fatalf("k2: %d changes", l.changes("k2"))
+		}
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/redistest"
 )
 
 func TestCombinationAttackLedgerStepsTombstones(t *testing.T) {
@@ -114,4 +115,75 @@ func TestCombinationAttackLedgerStepsTombstones(t *testing.T) {
 			})
 		}
 	})
+}
+
+// The same on a Redis Cluster with WithReplicas, keys over many slots:
+// fns that outlast their lease (renewals of the record and its
+// checkpoints, in one slot), a transient error between steps, the resume,
+// the commit, and a late retry refused by a tombstone in the key's slot.
+func TestCombinationAttackCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster of six redis-server processes: skipped in -short")
+	}
+	cl := redistest.StartCluster(t, 3, 1)
+	const retention, lease = 2 * time.Second, time.Second
+	l := newMemLedger()
+	c := idem.New(cl.Client(t), idem.WithReplicas(1, 2*time.Second), idem.WithLedger(l),
+		idem.WithRetention(retention), idem.WithLease(lease), idem.WithTombstones(time.Minute), idem.WithWait(0))
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	keys := []string{"{", "}", "a{b}c", "\\"}
+	for i := range 12 {
+		keys = append(keys, fmt.Sprint("debit-", i))
+	}
+	var runs stepRuns
+	fn := func(ctx context.Context) ([]byte, error) {
+		a, _ := idem.AttemptFrom(ctx)
+		hold, err := idem.Step(ctx, "reserve", func(ctx context.Context) (string, error) {
+			runs.add(ctx, "reserve")
+			return fmt.Sprint("hold#", a.Number), nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		if a.Number == 1 {
+			// Longer than the retention: the record and the
+			// checkpoints are renewed meanwhile.
+			time.Sleep(retention + lease/2)
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			return nil, errors.New("the provider timed out")
+		}
+		r := []byte(hold + fmt.Sprint("/#", a.Number))
+		return r, commit(ctx, l, r)
+	}
+	errs := make(chan error, len(keys))
+	for _, k := range keys {
+		go func() {
+			if _, err := c.Do(ctx, k, "fp", fn); err == nil || err.Error() != "the provider timed out" {
+				errs <- fmt.Errorf("key %q: attempt 1: %v; want its transient error", k, err)
+				return
+			}
+			if got, err := c.Do(ctx, k, "fp", fn); err != nil || string(got) != "hold#1/#2" {
+				errs <- fmt.Errorf("key %q: attempt 2: %q, %v", k, got, err)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range keys {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(retention + 200*time.Millisecond)
+	for _, k := range keys {
+		if n := runs.count(k, "reserve"); n != 1 || l.changes(k) != 1 {
+			t.Fatalf("key %q: reserve ran %d times, %d changes; want 1 and 1", k, n, l.changes(k))
+		}
+		if _, err := c.Do(ctx, k, "fp", fn); !errors.Is(err, idem.ErrLateRetry) {
+			t.Fatalf("key %q: after the retention: %v; want ErrLateRetry", k, err)
+		}
+	}
 }

@@ -382,3 +382,100 @@ func TestLedgerAttackFollowersShareLedgerOutcome(t *testing.T) {
 		}
 	})
 }
+
+// A Ledger whose Lookup panics: the panic reaches the caller as fn's
+// would, the claim is given back, fn does not run, nothing leaks; the next
+// call, with the ledger mended, takes over.
+func TestLedgerAttackLookupPanics(t *testing.T) {
+	b := newMiniredis(t)
+	ctx := context.Background()
+	l := newMemLedger()
+	var broken atomic.Bool
+	broken.Store(true)
+	pl := scriptedLedger{func(key string) (idem.Entry, bool, error) {
+		if broken.Load() {
+			panic("the driver panicked")
+		}
+		return l.Lookup(ctx, key)
+	}}
+	c := b.idem(t, idem.WithLedger(pl), idem.WithLedgerLookups(true))
+	func() {
+		defer func() {
+			if r := recover(); r != "the driver panicked" {
+				t.Fatalf("recovered %v; want the Lookup's panic", r)
+			}
+		}()
+		_, _ = c.Do(ctx, "k", "fp", l.fnFails(t))
+		t.Fatal("Do returned")
+	}()
+	faultWantStatus(t, b, "k", idem.StateReleased, 1)
+	broken.Store(false)
+	got, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+		return []byte("v"), commit(ctx, l, []byte("v"))
+	})
+	if err != nil || string(got) != "v" {
+		t.Fatalf("after the panic: %q, %v", got, err)
+	}
+	faultWantStatus(t, b, "k", idem.StateDone, 2)
+}
+
+// The caller gives up while fn commits: the commit stands, Do returns the
+// committed outcome, and the record is finished (with a detached context).
+func TestLedgerAttackCommitAfterCallerGaveUp(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l))
+		ctx, cancel := context.WithCancel(context.Background())
+		got, err := c.Do(ctx, "k", "fp", func(fctx context.Context) ([]byte, error) {
+			cancel()
+			<-fctx.Done()
+			return []byte("v"), commit(fctx, l, []byte("v"))
+		})
+		if err != nil || string(got) != "v" {
+			t.Fatalf("Do: %q, %v; want the committed outcome", got, err)
+		}
+		faultWantStatus(t, b, "k", idem.StateDone, 1)
+	})
+}
+
+// Do inside fn, both with ledgers: each call commits its own outcome;
+// after Redis lost everything, each fn runs again and each commit finds
+// its own row.
+func TestLedgerAttackNestedDo(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l))
+		plain := b.idem(t, idem.WithPrefix("plain"))
+		var n atomic.Int64
+		outer := func(ctx context.Context) (string, error) {
+			in, err := idem.Do(ctx, c, "inner", "fp", func(ctx context.Context) (string, error) {
+				v := fmt.Sprint("inner#", n.Add(1))
+				return v, commit(ctx, l, v)
+			})
+			if err != nil {
+				return "", err
+			}
+			// A nested call of a Client without a ledger: its fn cannot
+			// commit through the outer call's.
+			if _, err := plain.Do(ctx, "plain", "", func(ctx context.Context) ([]byte, error) {
+				return nil, commit(ctx, l, []byte("x"))
+			}); !errors.Is(err, idem.ErrNoLedger) {
+				return "", fmt.Errorf("a commit in a nested call without a ledger: %v", err)
+			}
+			v := fmt.Sprint(in, "/outer#", n.Add(1))
+			return v, commit(ctx, l, v)
+		}
+		want, err := idem.Do(ctx, c, "outer", "fp", outer)
+		if err != nil || want != "inner#1/outer#2" {
+			t.Fatalf("first: %q, %v", want, err)
+		}
+		b.do(t, "FLUSHALL")
+		if got, err := idem.Do(ctx, c, "outer", "fp", outer); err != nil || got != want {
+			t.Fatalf("after FLUSHALL: %q, %v; want %q", got, err, want)
+		}
+		if l.changes("outer") != 1 || l.changes("inner") != 1 {
+			t.Fatalf("changes: outer %d, inner %d", l.changes("outer"), l.changes("inner"))
+		}
+	})
+}

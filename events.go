@@ -420,13 +420,15 @@ func (c *Client) observeStored(ctx context.Context, key string, serr, err error)
 
 // observeLedger notes an outcome that the ledger decided: this call's own
 // commit (mine; a stored failure when failed), or an earlier attempt's,
-// replayed.
-func (c *Client) observeLedger(ctx context.Context, key string, mine, failed bool) {
+// replayed, or a conflict with it (another fingerprint's).
+func (c *Client) observeLedger(ctx context.Context, key string, mine, failed, conflict bool) {
 	st := c.notes(ctx, key)
 	if st == nil {
 		return
 	}
 	switch {
+	case conflict:
+		st.outcome, st.attempt = EventConflict, 0
 	case !mine:
 		st.outcome, st.attempt = EventReplayed, 0
 	case failed:

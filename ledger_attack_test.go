@@ -479,3 +479,41 @@ func TestLedgerAttackNestedDo(t *testing.T) {
 		}
 	})
 }
+
+// A conflict that the ledger decides (the commit meets another
+// fingerprint's row; a takeover's lookup finds one) is a conflict to the
+// observer and to CallInfo, as it is to the caller: not a replay.
+func TestLedgerAttackConflictEvents(t *testing.T) {
+	b := newMiniredis(t)
+	ctx := context.Background()
+	l := newMemLedger()
+	var rec recorder
+	c := b.idem(t, idem.WithLedger(l), idem.WithObserver(&rec))
+	if _, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+		return []byte("v"), commit(ctx, l, []byte("v"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec.take()
+	for _, lookups := range []bool{false, true} {
+		b.do(t, "FLUSHALL")
+		c := c
+		if lookups {
+			c = b.idem(t, idem.WithLedger(l), idem.WithObserver(&rec), idem.WithLedgerLookups(true))
+		}
+		var info idem.CallInfo
+		_, err := c.Do(idem.WithCallInfo(ctx, &info), "k", "other", func(ctx context.Context) ([]byte, error) {
+			return []byte("w"), commit(ctx, l, []byte("w"))
+		})
+		if !errors.Is(err, idem.ErrConflict) {
+			t.Fatalf("lookups %v: %v; want ErrConflict", lookups, err)
+		}
+		ev := rec.take()
+		if k := kinds(ev); k != idem.EventConflict.String() || !errors.Is(ev[0].Err, idem.ErrConflict) {
+			t.Fatalf("lookups %v: events %s (%v); want one conflict with its error", lookups, k, ev)
+		}
+		if info.Outcome != idem.EventConflict {
+			t.Fatalf("lookups %v: CallInfo.Outcome %v; want conflict", lookups, info.Outcome)
+		}
+	}
+}

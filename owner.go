@@ -252,7 +252,7 @@ func (c *Client) finishFromLedger(ctx context.Context, key string, keys []string
 		c.cfg.logger.Warn("idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands",
 			"key_digest", c.eventKey(key), "error", fnErr)
 	}
-	c.observeLedger(ctx, key, mine, e.Failed)
+	c.observeLedger(ctx, key, mine, e.Failed, conflicts(fp, e.Fingerprint))
 	res, err = ledgerOutcome(key, fp, e)
 	return res, err, false
 }

@@ -77,3 +77,90 @@ func TestStepAttackCheckpointOutlivesRetention(t *testing.T) {
 		}
 	})
 }
+
+// Redis loses everything between two steps of a running attempt, and a
+// second caller starts the operation again as attempt 1: two owners with
+// one attempt number. The first one's next checkpoint is refused all the
+// same (the compare-and-set is on the owner token, not the number), its
+// later steps do not run, and with a ledger one commit stands.
+func TestStepAttackFlushBetweenSteps(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		a := b.idem(t, idem.WithLedger(l), idem.WithLogger(nil))
+		bc := b.idem(t, idem.WithLedger(l))
+		var runs stepRuns
+		record := idem.RecordKey(a, "k")
+		flushed, bDone := make(chan struct{}), make(chan struct{})
+		fn := func(ctx context.Context) (string, error) {
+			first, err := idem.Step(ctx, "reserve", func(ctx context.Context) (string, error) {
+				runs.add(ctx, "reserve")
+				return "hold", nil
+			})
+			if err != nil {
+				return "", err
+			}
+			if _, isA := ctx.Value(ownerA{}).(bool); isA {
+				close(flushed)
+				<-bDone
+			}
+			second, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) {
+				runs.add(ctx, "charge")
+				return "charged", nil
+			})
+			if err != nil {
+				return "", err
+			}
+			_, err = idem.Step(ctx, "notify", func(ctx context.Context) (bool, error) {
+				runs.add(ctx, "notify")
+				return true, nil
+			})
+			if err != nil {
+				return "", err
+			}
+			v := first + "/" + second + "/" + idem.StepKey(ctx, "charge")
+			return v, commit(ctx, l, v)
+		}
+		type result struct {
+			v   string
+			err error
+		}
+		aDone := make(chan result, 1)
+		go func() {
+			v, err := idem.Do(context.WithValue(ctx, ownerA{}, true), a, "k", "fp", fn)
+			aDone <- result{v, err}
+		}()
+		<-flushed
+		b.do(t, "FLUSHALL")
+		want, err := idem.Do(ctx, bc, "k", "fp", fn)
+		if err != nil {
+			t.Fatalf("the second caller: %v", err)
+		}
+		hash := b.client(t).HGetAll(ctx, record+":steps").Val()
+		close(bDone)
+		r := <-aDone
+		if !errors.Is(r.err, idem.ErrLeaseLost) {
+			t.Fatalf("the first owner after the flush: %q, %v; want ErrLeaseLost", r.v, r.err)
+		}
+		if got := b.client(t).HGetAll(ctx, record+":steps").Val(); len(got) != len(hash) {
+			t.Fatalf("the first owner changed the checkpoints: %v, then %v", hash, got)
+		}
+		// Both owners ran charge: the first one's context was live (its
+		// next renewal would have ended it), and a step of attempt 1 reads
+		// no checkpoint first. That is the window StepKey covers.
+		if n := runs.count("k", "charge"); n != 2 {
+			t.Fatalf("charge ran %d times; want 2", n)
+		}
+		if n := runs.count("k", "notify"); n != 1 {
+			t.Fatalf("notify ran %d times; want 1", n)
+		}
+		if l.changes("k") != 1 {
+			t.Fatalf("%d changes", l.changes("k"))
+		}
+		if got, err := idem.Do(ctx, a, "k", "fp", fn); err != nil || got != want {
+			t.Fatalf("replay: %q, %v; want %q", got, err, want)
+		}
+	})
+}
+
+type ownerA struct{}

@@ -6,6 +6,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -164,3 +165,42 @@ func TestStepAttackFlushBetweenSteps(t *testing.T) {
 }
 
 type ownerA struct{}
+
+// A takeover claimed in the last moments of a released record's life: the
+// claim starts the record's retention again, and the checkpoints of the
+// attempt before must live on with it, though no step nor renewal of the
+// new attempt has come yet (its fn does other work first: a ledger lookup,
+// a query). On miniredis, whose clock the test moves while fn runs.
+func TestStepAttackTakeoverAtEndOfRetention(t *testing.T) {
+	b := newMiniredis(t)
+	const retention, lease = 10 * time.Second, 3 * time.Second
+	c := b.idem(t, idem.WithRetention(retention), idem.WithLease(lease), idem.WithWait(0))
+	ctx := context.Background()
+	var runs stepRuns
+	fn := func(ctx context.Context) (string, error) {
+		a, _ := idem.AttemptFrom(ctx)
+		if a.Number == 2 {
+			b.advance(t, time.Second) // fn's work before its first step
+		}
+		v, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) {
+			runs.add(ctx, "charge")
+			return fmt.Sprint("charged#", a.Number), nil
+		})
+		if err != nil || a.Number == 1 {
+			return "", errors.Join(err, errors.New("the notification failed"))
+		}
+		return v, nil
+	}
+	if _, err := idem.Do(ctx, c, "k", "", fn); err == nil {
+		t.Fatal("attempt 1 succeeded")
+	}
+	b.advance(t, retention-500*time.Millisecond)
+	faultWantStatus(t, b, "k", idem.StateReleased, 1)
+	got, err := idem.Do(ctx, c, "k", "", fn)
+	if err != nil || got != "charged#1" {
+		t.Fatalf("attempt 2: %q, %v; want attempt 1's checkpoint", got, err)
+	}
+	if n := runs.count("k", "charge"); n != 1 {
+		t.Fatalf("the checkpointed step ran %d times while its record lived", n)
+	}
+}

@@ -66,12 +66,24 @@ const maxBackgroundReleases = 1024
 // complete records an outcome, a record built by finishedRecord, with
 // compare-and-set on the claim (claimed, built by claimRecord), retrying
 // with a detached context until the store timeout. It never releases: fn
-// has acted.
-func (c *Client) complete(ctx context.Context, keys []string, claimed, record []byte) error {
+// has acted. Then it frees the record's buffer (free, from
+// finishedRecord), unless a try left a pipeline under way that may still
+// send the record (see inFlightError): that buffer is left to the garbage
+// collector, for another record written into it would be sent as this one.
+func (c *Client) complete(ctx context.Context, keys []string, claimed, record []byte, free func()) error {
 	dctx := c.bounds.detached(ctx)
+	sending := false // a pipeline under way may still send record
+	defer func() {
+		if !sending {
+			free()
+		}
+	}()
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
 		n, err := c.completeScript(dctx, keys, claimed, record).Int64()
+		if inFlight(err) != nil {
+			sending = true
+		}
 		switch {
 		case err == nil && n == 1:
 			return nil
@@ -195,9 +207,8 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	default:
 		record, free = finishedRecord('d', fp, token, n, res)
 	}
-	serr := c.complete(ctx, keys, claimed, record)
+	serr := c.complete(ctx, keys, claimed, record, free)
 	c.observeStored(ctx, key, serr, err)
-	free()
 	if serr != nil {
 		if err != nil {
 			return res, errors.Join(serr, err), true
@@ -243,8 +254,7 @@ func (c *Client) leftAfterLookup(fctx *attemptCtx, key string) error {
 // the next caller takes over, finds e in the ledger and finishes it.
 func (c *Client) finishFromLedger(ctx context.Context, key string, keys []string, fp, token string, claimed []byte, n int64, e *Entry, mine bool, fnErr error) (res []byte, err error, retry bool) {
 	record, free := ledgerRecord(e, token, n)
-	serr := c.complete(ctx, keys, claimed, record)
-	free()
+	serr := c.complete(ctx, keys, claimed, record, free)
 	if serr != nil && !errors.Is(serr, ErrLeaseLost) {
 		c.release(ctx, keys, token)
 	}

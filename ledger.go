@@ -66,11 +66,13 @@ type Pending struct {
 	key, fp   string // the idempotency key and its fingerprint digest
 	n         int64  // the attempt
 	maxResult int
+	ledger    Ledger // the Client's (WithLedger)
 
 	mu     sync.Mutex
 	encode func(v any) ([]byte, error) // guarded by mu; Do[T]'s, nil for Client.Do
 	typ    string                      // guarded by mu; the result type's name, for errors
 	closed bool                        // guarded by mu; fn returned
+	tried  bool                        // guarded by mu; an entry was made: a commit was under way
 	// The call's outcome, once a commit decided it; guarded by mu.
 	outcome *Entry
 	mine    bool // the outcome is this call's own commit
@@ -117,6 +119,12 @@ func (p *Pending) usable() error {
 // Key returns the call's idempotency key.
 func (p *Pending) Key() string { return p.key }
 
+// Ledger returns the Client's ledger (WithLedger). A commit helper that is
+// not given its ledger (idemsql.Commit takes only fn's context and the
+// transaction) learns from it where to write (its table, its SQL) and
+// checks that it is one of its own kind.
+func (p *Pending) Ledger() Ledger { return p.ledger }
+
 // Entry encodes v as the call's outcome, exactly as Do stores a result:
 // for Do[T], v must be a T (encoded with msgpack); for Client.Do, a
 // []byte. A value of another type, one that cannot be encoded, or one
@@ -126,6 +134,7 @@ func (p *Pending) Entry(v any) (Entry, error) {
 	p.mu.Lock()
 	encode, typ := p.encode, p.typ
 	err := p.usable()
+	p.tried = true
 	p.mu.Unlock()
 	if err != nil {
 		return Entry{}, err
@@ -155,6 +164,7 @@ func (p *Pending) FailureEntry(err error) (Entry, error) {
 	}
 	p.mu.Lock()
 	uerr := p.usable()
+	p.tried = true
 	p.mu.Unlock()
 	if uerr != nil {
 		return Entry{}, uerr
@@ -229,12 +239,13 @@ func (p *Pending) setCodec(typ string, encode func(any) ([]byte, error)) {
 
 // close ends the commits of the call (fn has returned) and returns its
 // outcome, if a commit decided it, with whether it is this call's own
-// commit and the value committed.
-func (p *Pending) close() (e *Entry, mine bool, v any) {
+// commit and the value committed; and whether a commit was tried without
+// deciding it (it failed, or its end is unknown).
+func (p *Pending) close() (e *Entry, mine bool, v any, undecided bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
-	return p.outcome, p.mine, p.value
+	return p.outcome, p.mine, p.value, p.tried && p.outcome == nil
 }
 
 // decided returns the call's outcome as close does, without closing p.

@@ -133,7 +133,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	fctx.steps.init(c, key, keys[0], token, n)
 	var p *Pending
 	if c.cfg.ledger != nil {
-		p = &Pending{key: key, fp: fp, n: n, maxResult: c.cfg.maxResultSize}
+		p = &Pending{key: key, fp: fp, n: n, maxResult: c.cfg.maxResultSize, ledger: c.cfg.ledger}
 		fctx.pending = p
 	}
 	o.lease = renewal{ctx: fctx, keys: keys[:1], token: token,
@@ -173,12 +173,20 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	fctx.steps.end()
 	c.renewals.stop(&o.lease)
 	if p != nil {
-		if e, mine, v := p.close(); e != nil {
+		e, mine, v, undecided := p.close()
+		if e != nil {
 			res, err, retry = c.finishFromLedger(ctx, key, keys, fp, token, claimed, n, e, mine, err)
 			if ferr, ok := v.(error); ok && mine && e.Failed {
 				err = ferr // the owner's own error, as without a ledger
 			}
 			return res, err, retry
+		}
+		if undecided && err == nil {
+			// fn tried to commit and did not, yet returned success: storing
+			// its result in Redis would record an outcome the ledger lacks.
+			// Transient: the next attempt's lookup tells whether the
+			// commit landed after all.
+			err = fmt.Errorf("idem: key %q: fn returned success, but its ledger commit did not complete: nothing is recorded, and the next call looks the ledger up", key)
 		}
 	}
 	switch {

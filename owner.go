@@ -18,8 +18,7 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 	dctx := c.bounds.detached(ctx)
 	err := c.scripts.run(dctx, releaseScript, keys, []any{token, c.publish}).Err()
 	if err != nil {
-		c.cfg.logger.Warn("idem: could not release a claim; the key stays claimed until the lease ends",
-			"record", keys[0], "error", err)
+		c.warnRecord("idem: could not release a claim; the key stays claimed until the lease ends", keys[0], err)
 	}
 }
 
@@ -38,8 +37,7 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 func (c *Client) giveBack(ctx context.Context, keys []string, token string, cause error) {
 	if c.releasing.Add(1) > maxBackgroundReleases {
 		c.releasing.Add(-1)
-		c.cfg.logger.Warn("idem: too many releases under way; the key stays claimed until the lease ends",
-			"record", keys[0])
+		c.warnRecord("idem: too many releases under way; the key stays claimed until the lease ends", keys[0], nil)
 		return
 	}
 	done := make(chan struct{})
@@ -267,8 +265,7 @@ func (c *Client) finishFromLedger(ctx context.Context, key string, keys []string
 		c.release(ctx, keys, token)
 	}
 	if mine && !e.Failed && fnErr != nil {
-		c.cfg.logger.Warn("idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands",
-			"key_digest", c.eventKey(key), "error", fnErr)
+		c.warnKey(ctx, "idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands", key, fnErr)
 	}
 	c.observeLedger(ctx, key, mine, e.Failed, conflicts(fp, e.Fingerprint))
 	res, err = ledgerOutcome(key, fp, e)

@@ -213,6 +213,11 @@ func (c *Client) Close() error {
 	return err
 }
 
+// Lease returns the Client's lease (WithLease): how long a claim holds a
+// key after its owner's last renewal. Integrations use it to choose their
+// own timeouts, such as how long a message may stay unacknowledged.
+func (c *Client) Lease() time.Duration { return c.cfg.lease }
+
 func (c *Client) checkEvictionPolicy(ctx context.Context) {
 	m, err := c.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {

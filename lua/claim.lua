@@ -59,7 +59,7 @@ if not s then
         return 0
       end
       -- Count it, by day, beside the buckets (see lua/tombstone.lua).
-      local late, day = KEYS[2] .. ':late', math.floor(tombNow() / 86400000)
+      local late, day = KEYS[3] .. ':late', math.floor(tombNow() / 86400000)
       redis.call('HINCRBY', late, day, 1)
       redis.call('PEXPIREAT', late, (day + TOMB_LATE_DAYS) * 86400000)
       if redis.call('HLEN', late) > TOMB_LATE_DAYS then

@@ -106,16 +106,19 @@ func (c *conn) Write(p []byte) (int, error) {
 			break
 		}
 	}
-	out := c.wbuf[:send]
+	// Forward before keeping the rest: the rest moves to the start of
+	// c.wbuf, over the bytes being forwarded.
+	var err error
+	if send > 0 {
+		_, err = c.nc.Write(c.wbuf[:send])
+	}
 	if cut {
 		c.wbuf = nil
 	} else {
 		c.wbuf = append(c.wbuf[:0], c.wbuf[send:]...)
 	}
-	if len(out) > 0 {
-		if _, err := c.nc.Write(out); err != nil {
-			return 0, err
-		}
+	if err != nil {
+		return 0, err
 	}
 	return len(p), nil
 }

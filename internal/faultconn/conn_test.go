@@ -103,3 +103,27 @@ func TestNotRESPPassesThrough(t *testing.T) {
 		t.Errorf("Hits() = %d, want 0", in.Hits())
 	}
 }
+
+// A write that ends inside a command forwards the complete commands before
+// it unchanged, however long the rest is: go-redis's buffered writer cuts a
+// pipeline of large scripts anywhere.
+func TestWriteEndingInsideACommand(t *testing.T) {
+	t.Parallel()
+	addr, received := fakeServer(t, 300*time.Millisecond)
+	in := faultconn.New()
+	conn, err := in.Dialer(addr)(context.Background(), "tcp", "ignored:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ping := "*1\r\n$4\r\nPING\r\n"
+	set := "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$20\r\n" + "vvvvvvvvvvvvvvvvvvvv\r\n"
+	for _, part := range []string{ping + set[:len(set)-6], set[len(set)-6:]} {
+		if n, err := conn.Write([]byte(part)); n != len(part) || err != nil {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+	}
+	if got := string(<-received); got != ping+set {
+		t.Errorf("the server received %q, want %q", got, ping+set)
+	}
+}

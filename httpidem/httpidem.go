@@ -376,7 +376,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// rec is set when fn runs: this request's handler ran, so its response
 	// is the original, not a replay.
 	var rec *recorder
-	res, err := m.c.Do(r.Context(), scopedKey(scope, key), fp, func(ctx context.Context) ([]byte, error) {
+	res, err := m.c.Do(r.Context(), ScopedKey(scope, key), fp, func(ctx context.Context) ([]byte, error) {
 		rec = newRecorder(w, m.cfg.maxResponse)
 		m.next.ServeHTTP(rec, r.WithContext(ctx))
 		return rec.outcome()
@@ -479,10 +479,13 @@ func statusOf(err error, def int) int {
 	return def
 }
 
-// scopedKey returns the key that idem stores: the scope's length, ':', the
-// scope and the key. The length says where the scope ends, so no two
-// (scope, key) pairs give one key.
-func scopedKey(scope, key string) string {
+// ScopedKey returns the key under which the middleware stores the request
+// of principal scope (what WithScope returned; "" without WithScope) with
+// the Idempotency-Key key: the key its idem.Client sees (idem.Attempt.Key),
+// to pass to idem.Client.Status and Forget, as idemctl -scope does. It is
+// the scope's length in decimal, ':', the scope and the key: the length
+// says where the scope ends, so no two (scope, key) pairs share one.
+func ScopedKey(scope, key string) string {
 	return strconv.Itoa(len(scope)) + ":" + scope + key
 }
 

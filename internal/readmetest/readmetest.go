@@ -131,6 +131,10 @@ func exitStatus(cmd string) (int, error) {
 // if the README has no command.
 func Run(t testing.TB, path string, o Options) {
 	t.Helper()
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skip("readmetest: the README's commands need a POSIX shell (sh), which is not on PATH")
+		return
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

@@ -402,10 +402,10 @@ type traceReader struct {
 	seeds [3]maphash.Seed // key hash (two), fingerprint hash
 	p     *Plan
 
-	read             int64 // bytes of the lines read
+	read             int64    // bytes of the lines read
 	firstLine        int      // the first data line, when it was not read as a header
 	firstFields      []string // its fields
-	minAt, maxAt     int64 // Unix ns
+	minAt, maxAt     int64    // Unix ns
 	minLine, maxLine int
 	first            bool // a data line was read
 }

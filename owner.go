@@ -7,15 +7,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
 // release gives the claim up if it is still ours, so the next caller can
-// take over at once instead of after the lease.
-func (c *Client) release(ctx context.Context, keys []string, token string) {
+// take over at once instead of after the lease. unknown says that the
+// claim's own reply was lost: it may never have been made, so a failed
+// release is no news worth a warning (the claim's error said why).
+func (c *Client) release(ctx context.Context, keys []string, token string, unknown bool) {
 	dctx := c.bounds.detached(ctx)
 	err := c.scripts.run(dctx, releaseScript, keys, []any{token, c.publish}).Err()
-	if err != nil {
+	switch {
+	case err == nil:
+	case unknown:
+		c.cfg.logger.Debug("idem: could not give back a claim whose reply was lost (it may never have been made; if it was, the key stays claimed until the lease ends)",
+			"record", keys[0], "error", err)
+	default:
 		c.cfg.logger.Warn("idem: could not release a claim; the key stays claimed until the lease ends",
 			"record", keys[0], "error", err)
 	}
@@ -34,9 +42,14 @@ func (c *Client) release(ctx context.Context, keys []string, token string) {
 // over: released first, the claim could land after, and hold the key for
 // a lease with nobody to run fn.
 func (c *Client) giveBack(ctx context.Context, keys []string, token string, cause error) {
+	unknown := cause != nil && !errors.Is(cause, ErrNotReplicated) // a claim not replicated was made
 	if c.releasing.Add(1) > maxBackgroundReleases {
 		c.releasing.Add(-1)
-		c.cfg.logger.Warn("idem: too many releases under way; the key stays claimed until the lease ends",
+		level := slog.LevelWarn
+		if unknown {
+			level = slog.LevelDebug
+		}
+		c.cfg.logger.Log(ctx, level, "idem: too many releases under way; the claim, if made, stays until the lease ends",
 			"record", keys[0])
 		return
 	}
@@ -50,7 +63,7 @@ func (c *Client) giveBack(ctx context.Context, keys []string, token string, caus
 		if sent != nil {
 			<-sent
 		}
-		c.release(ctx, keys, token)
+		c.release(ctx, keys, token, unknown)
 	}()
 	select {
 	case <-done:
@@ -128,7 +141,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 			// claim back, and let either go on.
 			c.renewals.stop(&o.lease)
 			c.observeRelease(fctx, key)
-			c.release(ctx, keys, token)
+			c.release(ctx, keys, token, false)
 		}
 	}()
 	res, err = fn(fctx)
@@ -137,7 +150,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 
 	if err != nil && !IsPermanent(err) {
 		c.observeRelease(fctx, key)
-		c.release(ctx, keys, token)
+		c.release(ctx, keys, token, false)
 		return nil, err, true
 	}
 	var record []byte

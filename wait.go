@@ -68,7 +68,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			if seen > 0 && ctx.Err() != nil {
 				return nil, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, seen, ctx.Err()), true
 			}
-			return nil, fmt.Errorf("idem: claim key %q: %w", key, err), ctx.Err() != nil
+			return nil, claimError(ctx, key, err), ctx.Err() != nil
 		}
 		c.observeClaim(ctx, key, r.kind, r.n)
 		switch r.kind {

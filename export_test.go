@@ -111,3 +111,9 @@ func SetSlowPipeline(c *Client, d time.Duration) {
 	c.scripts.slow = d
 	c.scripts.one.slow = d
 }
+
+// WithPolicyCheckEvery sets how often the Client checks maxmemory-policy
+// again (a minute otherwise).
+func WithPolicyCheckEvery(d time.Duration) Option {
+	return func(c *config) { c.policyEvery = d }
+}

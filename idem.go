@@ -129,8 +129,9 @@ type Client struct {
 	// client's clock against the server's, and for timers that fire late.
 	margin time.Duration
 
-	bg        background   // work that outlives its call (releases, renewal calls), and New's check
+	bg        background   // work that outlives its call (releases, renewal calls), and the policy checks
 	releasing atomic.Int64 // releases under way in the background
+	policy    policyWatch  // the periodic check of maxmemory-policy
 
 	closed atomic.Bool
 }
@@ -139,8 +140,9 @@ type Client struct {
 // *redis.Client, a Sentinel failover client or a *redis.ClusterClient. The
 // Client does not own rdb: Close does not close it.
 //
-// New starts a check of the server's maxmemory-policy in the background; a
-// policy other than noeviction is reported through the logger (WithLogger).
+// New starts a check of the server's maxmemory-policy in the background,
+// repeated every minute until Close; a policy other than noeviction is
+// reported through the logger (WithLogger) when first seen.
 // New panics if an option is invalid, as that is a programming error.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	cfg := defaultConfig()
@@ -163,19 +165,14 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	}
 	c.hub = newHub(rdb)
 	if rdb != nil {
-		c.bg.Add()
-		go func() {
-			defer c.bg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			c.checkEvictionPolicy(ctx)
-		}()
+		c.policy.start(c, cfg.policyEvery)
 	}
 	return c
 }
 
-// Close stops what New started: it waits for the background check (at most
-// five seconds), closes the subscriber connection that wakes waiters, and
+// Close stops what New started: it stops the periodic check of
+// maxmemory-policy and waits for one under way (at most five seconds),
+// closes the subscriber connection that wakes waiters, and
 // waits for the work that calls left in the background: releases of claims
 // whose callers gave up, and renewal calls still under way (each bounded by
 // WithStoreTimeout, or the go-redis client's timeouts).
@@ -186,22 +183,10 @@ func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
+	c.policy.stop()
 	err := c.hub.close()
 	c.bg.Wait()
 	return err
-}
-
-func (c *Client) checkEvictionPolicy(ctx context.Context) {
-	m, err := c.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
-	if err != nil {
-		c.cfg.logger.Warn("idem: cannot check Redis maxmemory-policy; make sure it is noeviction, or live claims may be evicted",
-			"error", err)
-		return
-	}
-	if p, ok := m["maxmemory-policy"]; ok && p != "noeviction" {
-		c.cfg.logger.Warn("idem: Redis maxmemory-policy is not noeviction: records have TTLs, so Redis may evict live claims and let a retry run twice",
-			"maxmemory-policy", p)
-	}
 }
 
 // Attempt describes the attempt that runs fn. Get it inside fn with

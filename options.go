@@ -29,6 +29,7 @@ type config struct {
 	observers     []Observer
 	eventSecret   []byte // of Event.Key; nil: processSecret
 	rawEventKeys  bool
+	policyEvery   time.Duration // between checks of maxmemory-policy; 0: policyCheckEvery (tests shorten it)
 	problems      []string
 }
 

@@ -191,6 +191,15 @@ func WithMaxResultSize(n int) Option {
 	}
 }
 
+// MaxKeyLen returns the longest key the Client accepts, in bytes
+// (WithMaxKeyLen), for integrations that check their own limits against it.
+func (c *Client) MaxKeyLen() int { return c.cfg.maxKeyLen }
+
+// MaxResultSize returns the largest result the Client stores, in bytes
+// (WithMaxResultSize), for integrations that check their own limits
+// against it.
+func (c *Client) MaxResultSize() int { return c.cfg.maxResultSize }
+
 // WithLogger sets the logger for what the Client notices on its own: a Redis
 // eviction policy that can drop live claims, failures to renew a lease or
 // to release a claim. A nil logger discards.

@@ -10,7 +10,11 @@
 //
 // Metrics (names as OpenTelemetry has them; the Prometheus exporter turns
 // dots into underscores and adds _total and units, as in
-// idem_calls_total):
+// idem_calls_total). The counters' series exist from New on, at zero (one
+// per outcome for idem.calls), so that alerts on increase() and rate()
+// see a process's first lease loss; create the Observer once the
+// MeterProvider is set up. README.md beside this file has the alert rules
+// and a dashboard, checked by a test against Prometheus's own engine.
 //
 //	idem.calls           counter    calls, by idem.outcome (executed, replayed, conflict,
 //	                                lease_lost, released, failed, not_recorded, in_progress, error)
@@ -134,6 +138,17 @@ func New(opts ...Option) (*Observer, error) {
 	for k := idem.EventKind(1); k.Outcome() || k == idem.EventWaited || k == idem.EventTookOver; k++ {
 		o.byOutcome[k] = metric.WithAttributeSet(attribute.NewSet(AttrOutcome.String(k.String())))
 	}
+	// Every counter's series exists from the start, at zero: an alert on
+	// increase() or rate() sees the first event of a process as an
+	// increase, not as a series that appears with its value already 1.
+	ctx := context.Background()
+	for k, by := range o.byOutcome {
+		if k.Outcome() {
+			o.calls.Add(ctx, 0, by)
+		}
+	}
+	o.takeovers.Add(ctx, 0)
+	o.leaseLosses.Add(ctx, 0)
 	return o, nil
 }
 

@@ -77,18 +77,24 @@ func (c *detachedCtx) Value(key any) any {
 // even before the renewer's timer has closed Done.
 type attemptCtx struct {
 	context.Context
-	a      Attempt
-	cancel context.CancelCauseFunc
+	a       Attempt
+	cancel  context.CancelCauseFunc
+	pending *Pending // the call's hold for a ledger's commit helper; nil without a ledger
 	// deadline is the owner's lease deadline, in monotonic nanoseconds
 	// (mono); renewals move it later.
 	deadline atomic.Int64
 }
 
 // Value returns a *Attempt for attemptKey: a pointer into c, which costs no
-// allocation as an interface value would.
+// allocation as an interface value would; and the call's *Pending for
+// pendingKey, nil (a typed nil, so PendingFrom tells "no ledger" from
+// "outside Do") without a ledger.
 func (c *attemptCtx) Value(key any) any {
-	if _, ok := key.(attemptKey); ok {
+	switch key.(type) {
+	case attemptKey:
 		return &c.a
+	case pendingKey:
+		return c.pending
 	}
 	return c.Context.Value(key)
 }

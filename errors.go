@@ -80,6 +80,13 @@ var (
 	// WithReplicas asks for within its timeout.
 	ErrNotReplicated = errors.New("idem: not acknowledged by enough replicas")
 
+	// ErrLateRetry means the key was used, and its outcome is gone: the
+	// record's retention ended, and only its tombstone (WithTombstones)
+	// is left. fn does not run. The retry came later than the retention
+	// allows for: lengthen it (see cmd/ttlbench), or treat the operation
+	// as done.
+	ErrLateRetry = errors.New("idem: late retry: the key was used and its outcome is no longer kept")
+
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("idem: client closed")
 

@@ -66,6 +66,10 @@ const (
 	// EventError: any other error: Redis unreachable or failing, a corrupt
 	// record, an invalid key, a closed Client. fn did not run.
 	EventError
+	// EventLateRetry: the key's record was gone and its tombstone left
+	// (WithTombstones): a retry later than the retention (ErrLateRetry).
+	// fn did not run.
+	EventLateRetry
 )
 
 var kindNames = [...]string{
@@ -80,6 +84,7 @@ var kindNames = [...]string{
 	EventNotRecorded: "not_recorded",
 	EventInProgress:  "in_progress",
 	EventError:       "error",
+	EventLateRetry:   "late_retry",
 }
 
 // String returns the kind's name in snake case, such as "lease_lost",
@@ -133,6 +138,11 @@ type Event struct {
 	// Wait is the time the call waited for another owner: the wait's for
 	// EventWaited, the call's in all for an outcome; 0 if it did not wait.
 	Wait time.Duration
+	// Age is, for EventReplayed, how long ago the replayed outcome was
+	// recorded, when the call read it from Redis (0 when it shared a
+	// concurrent call's outcome, or read it from a notification): compare
+	// the ages of real retries with the retention (WithRetention).
+	Age time.Duration
 	// Owned is, for an outcome of a call that ran fn, how long it owned
 	// the key: from its claim to its outcome's recording, or to the
 	// release (fn's run time plus a round trip to Redis); 0 otherwise.
@@ -306,6 +316,7 @@ type callState struct {
 	tookAt    time.Duration // since start, when it did
 	ownStart  time.Time
 	owned     time.Duration
+	age       time.Duration // of the record a replay read from Redis; 0 unknown
 }
 
 // notes returns the notes of the observed call of key that ctx belongs to,
@@ -332,7 +343,7 @@ func (st *callState) endWait(now time.Time) {
 }
 
 // observeClaim notes the reply to a claim: kind and n as in claimReply.
-func (c *Client) observeClaim(ctx context.Context, key string, kind byte, n int64) {
+func (c *Client) observeClaim(ctx context.Context, key string, kind byte, n int64, age time.Duration) {
 	st := c.notes(ctx, key)
 	if st == nil {
 		return
@@ -354,9 +365,11 @@ func (c *Client) observeClaim(ctx context.Context, key string, kind byte, n int6
 			st.tookOver, st.tookAt = true, now.Sub(st.start)
 		}
 	case 'd', 'f':
-		st.outcome, st.attempt = EventReplayed, 0
+		st.outcome, st.attempt, st.age = EventReplayed, 0, age
 	case 'x':
 		st.outcome, st.attempt = EventConflict, 0
+	case 't':
+		st.outcome, st.attempt = EventLateRetry, 0
 	default:
 		st.outcome, st.attempt = EventError, 0
 	}
@@ -405,6 +418,24 @@ func (c *Client) observeStored(ctx context.Context, key string, serr, err error)
 	}
 }
 
+// observeLedger notes an outcome that the ledger decided: this call's own
+// commit (mine; a stored failure when failed), or an earlier attempt's,
+// replayed.
+func (c *Client) observeLedger(ctx context.Context, key string, mine, failed bool) {
+	st := c.notes(ctx, key)
+	if st == nil {
+		return
+	}
+	switch {
+	case !mine:
+		st.outcome, st.attempt = EventReplayed, 0
+	case failed:
+		st.owned, st.outcome = time.Since(st.ownStart), EventFailed
+	default:
+		st.owned, st.outcome = time.Since(st.ownStart), EventExecuted
+	}
+}
+
 // errNoReturn is the Err of the outcome of a call that did not return:
 // fn panicked (the panic goes on in the caller) or called runtime.Goexit.
 var errNoReturn = errors.New("idem: the call did not return: fn panicked or called runtime.Goexit")
@@ -428,6 +459,9 @@ func (c *Client) report(ctx context.Context, st *callState, err error, returned 
 		err = nil
 	}
 	e := Event{Kind: outcome, Attempt: st.attempt, Duration: now.Sub(st.start), Wait: st.wait, Err: err}
+	if outcome == EventReplayed && st.age > 0 {
+		e.Age = st.age
+	}
 	if outcome.Ran() {
 		e.Owned = st.owned
 	}
@@ -465,6 +499,8 @@ func outcomeOf(err error) EventKind {
 		return EventConflict
 	case errors.Is(err, ErrInProgress):
 		return EventInProgress
+	case errors.Is(err, ErrLateRetry):
+		return EventLateRetry
 	}
 	return EventError
 }

@@ -20,8 +20,8 @@ func TestNoNotesWithoutObserver(t *testing.T) {
 		if c.observed(ctx) {
 			t.Fatal("a call without observer or CallInfo is observed")
 		}
-		c.observeClaim(ctx, "k", 'b', 1)
-		c.observeClaim(ctx, "k", 'c', 2)
+		c.observeClaim(ctx, "k", 'b', 1, 0)
+		c.observeClaim(ctx, "k", 'c', 2, 0)
 		c.observeFollow(ctx, "k")
 		c.observeRelease(ctx, "k")
 		c.observeStored(ctx, "k", nil, nil)

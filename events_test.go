@@ -448,7 +448,7 @@ func TestEventKindNames(t *testing.T) {
 			outcomes = append(outcomes, k.String())
 		}
 	}
-	want := "executed replayed conflict lease_lost released failed not_recorded in_progress error"
+	want := "executed replayed conflict lease_lost released failed not_recorded in_progress error late_retry"
 	if got := strings.Join(outcomes, " "); got != want {
 		t.Fatalf("outcomes %q, want %q", got, want)
 	}

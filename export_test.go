@@ -71,7 +71,7 @@ type ClaimReply struct {
 
 // ClaimResult decodes a reply of lua/claim.lua (see claimResult).
 func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
-	r, err := claimResult(v, fp, lease)
+	r, err := claimResult(v, fp, lease, 0)
 	return ClaimReply{r.kind, r.n, r.leaseLeft, r.payload}, err
 }
 
@@ -116,4 +116,17 @@ func SetSlowPipeline(c *Client, d time.Duration) {
 // again (a minute otherwise).
 func WithPolicyCheckEvery(d time.Duration) Option {
 	return func(c *config) { c.policyEvery = d }
+}
+
+// TombstoneCompletion returns what c sends to finish key's attempt 1 as
+// owner token, with result res, when c leaves tombstones: the claim record
+// to store first (as claim.lua would), and the keys and arguments of
+// lua/complete.lua. For TestTombstoneMemory, which sends many at once.
+func TombstoneCompletion(c *Client, key, fp, token string, res []byte) (claimed []byte, keys []string, args []any) {
+	d := digest(fp)
+	claimed = c.claimRecord(d, token, 1)
+	record, _ := finishedRecord('d', d, token, 1, res)
+	ks := c.keys(key)
+	return claimed, []string{ks[0], ks[1], c.tomb.base(c.cfg.prefix, ks[0])},
+		[]any{claimed, record, c.retentionMs, c.publish, tombstoneField(ks[0]), c.tomb.span, c.tomb.window}
 }

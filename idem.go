@@ -114,6 +114,10 @@ type Client struct {
 	// "SPUBLISH" ("" in tests that lose notifications), and the lease and
 	// retention in milliseconds.
 	publish, leaseMs, retentionMs any
+	// ages is claim.lua's ARGV[3]: "1" to have replays' ages, for the
+	// events (see Event.Age), else "".
+	ages any
+	tomb tombstones
 	// mark is the lease mark of a new claim (see lua/record.lua), in
 	// decimal: the retention less the lease, in milliseconds.
 	mark string
@@ -158,10 +162,19 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		mark: strconv.FormatInt(cfg.retention.Milliseconds()-cfg.lease.Milliseconds(), 10),
 	}
 	c.bounds.d = cfg.storeTimeout
+	c.ages = ""
+	if len(cfg.observers) > 0 {
+		c.ages = "1"
+	}
+	if cfg.tombstones > 0 {
+		span := cfg.retention + cfg.tombstones
+		c.tomb = tombstones{on: true, span: span.Milliseconds(), window: tombstoneWindow(span).Milliseconds(), buckets: serverBuckets}
+	}
 	c.scripts.init(rdb, cfg.pipelines, &c.bg)
 	c.renewals.c, c.renewals.every = c, cfg.lease/3
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		c.publish = "SPUBLISH"
+		c.tomb.buckets = 16384
 	}
 	c.hub = newHub(rdb)
 	if rdb != nil {
@@ -309,7 +322,26 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 		owned bool
 	)
 	b, err := c.Do(ctx, key, fingerprint, func(ctx context.Context) ([]byte, error) {
+		p := pendingIn(ctx)
+		if p != nil {
+			p.setCodec(codec.t.String(), func(v any) ([]byte, error) {
+				t, ok := v.(T)
+				if !ok {
+					return nil, fmt.Errorf("Do[%s] records a %s, not a %T", codec.t, codec.t, v)
+				}
+				return codec.encode(&t)
+			})
+		}
 		v, err := fn(ctx)
+		if p != nil {
+			if e, mine, val := p.decided(); e != nil {
+				// The ledger decided the outcome; Client.Do returns it.
+				if t, ok := val.(T); ok && mine && !e.Failed {
+					own, owned = t, true
+				}
+				return nil, nil
+			}
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -30,6 +30,9 @@ type config struct {
 	eventSecret   []byte // of Event.Key; nil: processSecret
 	rawEventKeys  bool
 	policyEvery   time.Duration // between checks of maxmemory-policy; 0: policyCheckEvery (tests shorten it)
+	tombstones    time.Duration // kept past the retention; 0 = none
+	ledger        Ledger        // nil: none
+	ledgerLookups bool          // look up before every fn, not only takeovers
 	problems      []string
 }
 
@@ -274,5 +277,54 @@ func WithPipelines(n int) Option {
 			return
 		}
 		c.pipelines = n
+	}
+}
+
+// WithLedger records outcomes in l as well as in Redis: fn commits its
+// outcome in the transaction of its business change through l's helper
+// (idemsql.Commit), and the ledger's unique key decides which attempt's
+// change stands, even with two live owners or after Redis lost a record.
+// On a takeover (attempt above 1) the Client looks the key up in l before
+// fn, and a recorded outcome is returned, and stored in Redis, without
+// running fn. A fresh key costs no lookup (see WithLedgerLookups).
+// The default is no ledger.
+func WithLedger(l Ledger) Option {
+	return func(c *config) {
+		if l == nil {
+			c.problem("WithLedger(nil): needs a Ledger")
+			return
+		}
+		c.ledger = l
+	}
+}
+
+// WithLedgerLookups(true) makes the Client look the key up in the ledger
+// before every fn, not only on takeovers: for an fn with effects before
+// its transaction, or a Redis that may lose records (no persistence,
+// failover without WithReplicas, eviction), where a lookup spares fn's
+// first effects. The ledger's unique key keeps the change applied once
+// either way.
+// The default is false: look up on takeovers only.
+func WithLedgerLookups(always bool) Option {
+	return func(c *config) { c.ledgerLookups = always }
+}
+
+// WithTombstones makes every finished record leave a tombstone, kept for d
+// after the retention ends: a call that finds no record but a tombstone
+// gets ErrLateRetry (ErrConflict with other parameters) and fn does not
+// run, where it would otherwise run again as a new key. A tombstone holds
+// digests of the key and the fingerprint, about 20-45 bytes of Redis
+// memory (see the README), against a few hundred for a record; claims of
+// new keys read up to six small hashes more on the server, and no call
+// makes an extra round trip. d must not be negative, and the retention
+// plus d at most about 35 years.
+// The default is 0: no tombstones.
+func WithTombstones(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 || d > maxLease {
+			c.problem("WithTombstones(%v): must be between 0 and %v", d, maxLease)
+			return
+		}
+		c.tombstones = d
 	}
 }

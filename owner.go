@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // release gives the claim up if it is still ours, so the next caller can
@@ -82,7 +84,7 @@ func (c *Client) complete(ctx context.Context, keys []string, claimed, record []
 	dctx := c.bounds.detached(ctx)
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := c.write(dctx, completeScript, keys, claimed, record, c.retentionMs, c.publish).Int64()
+		n, err := c.completeScript(dctx, keys, claimed, record).Int64()
 		switch {
 		case err == nil && n == 1:
 			return nil
@@ -129,6 +131,11 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	}{ctx: attemptCtx{Context: cctx, a: Attempt{Key: key, Number: n}, cancel: cancel}}
 	fctx := &o.ctx
 	fctx.deadline.Store(deadline)
+	var p *Pending
+	if c.cfg.ledger != nil {
+		p = &Pending{key: key, fp: fp, n: n, maxResult: c.cfg.maxResultSize}
+		fctx.pending = p
+	}
 	o.lease = renewal{ctx: fctx, keys: keys[:1], token: token,
 		due: monoBase.Add(time.Duration(deadline) - 2*c.renewals.every)}
 	c.renewals.start(&o.lease)
@@ -140,13 +147,43 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 			// runtime.Goexit (t.FailNow does): stop renewing, give the
 			// claim back, and let either go on.
 			c.renewals.stop(&o.lease)
+			if p != nil {
+				p.close() // a commit left behind gets ErrNoLedger
+			}
 			c.observeRelease(fctx, key)
 			c.release(ctx, keys, token, false)
 		}
 	}()
-	res, err = fn(fctx)
+	var (
+		recorded *Entry // the outcome the ledger holds, if it decided
+		lerr     error  // the ledger's lookup failed
+	)
+	if p != nil && (n > 1 || c.cfg.ledgerLookups) {
+		// A takeover: an earlier attempt may have committed.
+		recorded, lerr = c.lookup(fctx, key)
+	}
+	if recorded == nil && lerr == nil {
+		res, err = fn(fctx)
+	}
 	returned = true
 	c.renewals.stop(&o.lease)
+	if p != nil {
+		if e, mine, v := p.close(); e != nil {
+			res, err, retry = c.finishFromLedger(ctx, key, keys, fp, token, claimed, n, e, mine, err)
+			if ferr, ok := v.(error); ok && mine && e.Failed {
+				err = ferr // the owner's own error, as without a ledger
+			}
+			return res, err, retry
+		}
+	}
+	switch {
+	case lerr != nil:
+		c.observeRelease(fctx, key)
+		c.release(ctx, keys, token)
+		return nil, lerr, true
+	case recorded != nil:
+		return c.finishFromLedger(ctx, key, keys, fp, token, claimed, n, recorded, false, nil)
+	}
 
 	if err != nil && !IsPermanent(err) {
 		c.observeRelease(fctx, key)
@@ -175,4 +212,48 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 		return res, serr, true
 	}
 	return res, err, false
+}
+
+// lookup reads key's outcome from the ledger, for an owner about to run fn.
+func (c *Client) lookup(ctx context.Context, key string) (*Entry, error) {
+	e, ok, err := c.cfg.ledger.Lookup(ctx, key)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("idem: key %q: ledger lookup (fn did not run): %w", key, err)
+	case !ok:
+		return nil, nil
+	}
+	return &e, nil
+}
+
+// finishFromLedger finishes the record of attempt n from e, the outcome
+// the ledger holds for key (this call's own commit when mine), and
+// returns that outcome: the ledger is the truth, whatever fn returned
+// (fnErr). When the record cannot be finished, the claim is given back:
+// the next caller takes over, finds e in the ledger and finishes it.
+func (c *Client) finishFromLedger(ctx context.Context, key string, keys []string, fp, token string, claimed []byte, n int64, e *Entry, mine bool, fnErr error) (res []byte, err error, retry bool) {
+	record, free := ledgerRecord(e, token, n)
+	serr := c.complete(ctx, keys, claimed, record)
+	free()
+	if serr != nil && !errors.Is(serr, ErrLeaseLost) {
+		c.release(ctx, keys, token)
+	}
+	if mine && !e.Failed && fnErr != nil {
+		c.cfg.logger.Warn("idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands",
+			"key_digest", c.eventKey(key), "error", fnErr)
+	}
+	c.observeLedger(ctx, key, mine, e.Failed)
+	res, err = ledgerOutcome(key, fp, e)
+	return res, err, false
+}
+
+// completeScript runs lua/complete.lua once, with the tombstone's
+// arguments when the Client leaves tombstones.
+func (c *Client) completeScript(ctx context.Context, keys []string, claimed, record []byte) *redis.Cmd {
+	if !c.tomb.on {
+		return c.write(ctx, completeScript, keys, claimed, record, c.retentionMs, c.publish)
+	}
+	tkeys := []string{keys[0], keys[1], c.tomb.base(c.cfg.prefix, keys[0])}
+	return c.write(ctx, completeScript, tkeys, claimed, record, c.retentionMs, c.publish,
+		tombstoneField(keys[0]), c.tomb.span, c.tomb.window)
 }

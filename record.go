@@ -20,6 +20,7 @@ type claimReply struct {
 	leaseLeft time.Duration // ('c', 'b')
 	payload   string        // result ('d'), message ('f'), reason ('v')
 	owner     string        // the owner's token: of the live lease ('b'; "" from scripts before it was sent), of the finished attempt ('d', 'f')
+	age       time.Duration // of a finished record ('d', 'f'), when the claim asked for it; -1 unknown
 }
 
 // claimRecord builds the record of a claim (see lua/record.lua): attempt n
@@ -63,7 +64,7 @@ func replyBytes(s string) []byte {
 // digest fp and the given lease: an attempt number (claimed, with the whole
 // lease), 0 (a conflict), a finished record (see readFinished), or an array
 // (see parseClaim).
-func claimResult(v any, fp string, lease time.Duration) (claimReply, error) {
+func claimResult(v any, fp string, lease, retention time.Duration) (claimReply, error) {
 	switch v := v.(type) {
 	case int64:
 		switch {
@@ -75,6 +76,21 @@ func claimResult(v any, fp string, lease time.Duration) (claimReply, error) {
 	case string:
 		return readFinished(v, fp), nil
 	case []any:
+		if len(v) == 2 {
+			if s, ok := v[0].(string); ok && len(s) > 1 {
+				// A finished record and its PTTL (claim.lua's ARGV[3]).
+				pttl, ok := v[1].(int64)
+				if !ok {
+					break
+				}
+				r := readFinished(s, fp)
+				r.age = -1
+				if pttl >= 0 && retention > 0 {
+					r.age = max(retention-time.Duration(pttl)*time.Millisecond, 0)
+				}
+				return r, nil
+			}
+		}
 		return parseClaim(v)
 	}
 	return claimReply{}, fmt.Errorf("%w: unexpected claim reply %v", ErrCorrupt, v)
@@ -168,6 +184,10 @@ func parseClaim(v []any) (claimReply, error) {
 			return bad()
 		}
 		r.n, r.leaseLeft = a, time.Duration(b)*time.Millisecond
+	case 't':
+		if len(v) != 1 {
+			return bad()
+		}
 	case 'v':
 		if len(v) != 2 {
 			return bad()

@@ -25,12 +25,17 @@ var (
 	renewSrc string
 	//go:embed lua/status.lua
 	statusSrc string
+	//go:embed lua/tombstone.lua
+	tombstoneSrc string
+	//go:embed lua/forget.lua
+	forgetSrc string
 
 	claimScript    = newScript(claimSrc)
 	completeScript = newScript(completeSrc)
 	releaseScript  = newScript(releaseSrc)
 	renewScript    = newScript(renewSrc)
 	statusScript   = newScript(statusSrc)
+	forgetScript   = newScript(forgetSrc)
 )
 
 // script is a Lua script with its source at hand, for the pipelined EVAL
@@ -43,6 +48,7 @@ type script struct {
 // newScript inserts the helpers of lua/record.lua into a script where it
 // says --[[lua/record.lua]], or else at its top.
 func newScript(src string) script {
+	src = strings.ReplaceAll(src, tombstoneMarker, tombstoneSrc)
 	if strings.Contains(src, recordMarker) {
 		src = strings.Replace(src, recordMarker, recordSrc, 1)
 	} else {
@@ -51,18 +57,29 @@ func newScript(src string) script {
 	return script{redis.NewScript(src), src}
 }
 
-const recordMarker = "--[[lua/record.lua]]"
+const (
+	recordMarker    = "--[[lua/record.lua]]"
+	tombstoneMarker = "--[[lua/tombstone.lua]]"
+)
 
 // claim runs lua/claim.lua for a call with fingerprint digest fp; keys are
 // the record's and its channel's, first the record that a claim of a new
 // key writes (claimRecord of attempt 1), which also tells the script the
 // call's fingerprint, owner token and lease.
 func (c *Client) claim(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
-	v, err := c.write(ctx, claimScript, keys[:1], first, c.retentionMs).Result()
+	var v any
+	var err error
+	if c.tomb.on {
+		tkeys := []string{keys[0], c.tomb.base(c.cfg.prefix, keys[0])}
+		v, err = c.write(ctx, claimScript, tkeys, first, c.retentionMs, c.ages,
+			tombstoneField(keys[0]), c.tomb.span, c.tomb.window, fp[:min(len(fp), 8)]).Result()
+	} else {
+		v, err = c.write(ctx, claimScript, keys[:1], first, c.retentionMs, c.ages).Result()
+	}
 	if err != nil {
 		return claimReply{}, err
 	}
-	return claimResult(v, fp, c.cfg.lease)
+	return claimResult(v, fp, c.cfg.lease, c.cfg.retention)
 }
 
 // write runs a script that changes a record: alone, or in one pipeline with

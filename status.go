@@ -107,15 +107,23 @@ func parseStatus(key string, v []any) (Status, error) {
 	return s, nil
 }
 
-// Forget deletes key's record, whatever its state: the next Do runs fn as
-// attempt 1. It is an operator's escape hatch (a stuck or wrong record);
+// Forget deletes key's record, whatever its state, and its tombstone
+// (WithTombstones): the next Do runs fn as attempt 1. It is an operator's escape hatch (a stuck or wrong record);
 // forgetting a key whose operation ran lets a retry run it again. Waiters
 // of a forgotten in-progress key see ErrExpired.
 func (c *Client) Forget(ctx context.Context, key string) error {
 	if err := c.checkCall(ctx, key); err != nil {
 		return err
 	}
-	if err := c.rdb.Del(ctx, c.recordKey(key)).Err(); err != nil {
+	rk := c.recordKey(key)
+	var err error
+	if c.tomb.on {
+		err = forgetScript.Run(ctx, c.rdb, []string{rk, c.tomb.base(c.cfg.prefix, rk)},
+			tombstoneField(rk), c.tomb.span, c.tomb.window).Err()
+	} else {
+		err = forgetScript.Run(ctx, c.rdb, []string{rk}).Err()
+	}
+	if err != nil {
 		return fmt.Errorf("idem: forget key %q: %w", key, err)
 	}
 	return nil

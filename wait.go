@@ -70,7 +70,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			}
 			return nil, claimError(ctx, key, err), ctx.Err() != nil
 		}
-		c.observeClaim(ctx, key, r.kind, r.n)
+		c.observeClaim(ctx, key, r.kind, r.n, r.age)
 		switch r.kind {
 		case 'c':
 			if seen > 0 && r.n == 1 {
@@ -125,6 +125,8 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			return nil, readFailure(r.payload), false
 		case 'x':
 			return nil, fmt.Errorf("%w: key %q", ErrConflict, key), false
+		case 't':
+			return nil, fmt.Errorf("%w: key %q", ErrLateRetry, key), false
 		case 'v':
 			return nil, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, r.payload), false
 		}

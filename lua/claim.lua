@@ -10,6 +10,12 @@
 --          the script needs to know of the caller; few arguments keep the
 --          call short, and a new key's record is stored as it is.
 -- ARGV[2]  retention in milliseconds (the record's TTL), at least the lease
+-- ARGV[3]  "1" to return a finished record with its PTTL (for its age)
+-- KEYS[2], ARGV[4..7]  with tombstones only (see lua/tombstone.lua): the
+--          stem of the key's tombstone buckets; the tombstone's field, the
+--          tombstones' span (retention + tombstone time) and window width
+--          in milliseconds, and the first 8 bytes of the caller's
+--          fingerprint digest ("" = not checked)
 --
 -- Returns one of (the usual answers are scalars: Redis converts a Lua
 -- table to a reply at a cost that counts on a path this short):
@@ -18,11 +24,14 @@
 --   {"c", n, leaseLeftMs}  claimed before: a repeat with the same token
 --                          (go-redis re-sends a script whose reply was
 --                          lost) answers with the lease left.
+--   {"t"}                  no record, but a tombstone with the caller's
+--                          fingerprint: a late retry (with another, 0)
 --   record                 a finished record ("d" done, "f" failed), whole, as
 --                          a string: the caller reads it, checks the
 --                          fingerprint and cuts the outcome out. Nothing
 --                          changes then, so the check need not be atomic,
 --                          and Lua neither parses nor copies the record.
+--                          With ARGV[3] = "1": {record, pttlMs}.
 --   {"b", leaseLeftMs, n, owner}
 --                          busy: another caller, whose token is owner,
 --                          holds a live lease on attempt n. A waiter trusts
@@ -37,11 +46,24 @@
 -- defining them (Lua closures) costs every call that reaches them.
 local s = redis.pcall('GET', KEYS[1])
 if not s then
+  if KEYS[2] then
+    --[[lua/tombstone.lua]]
+    local v = tombLookup(KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]))
+    if v then
+      if ARGV[7] ~= '' and v ~= '' and v ~= ARGV[7] then
+        return 0
+      end
+      return {'t'}
+    end
+  end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
 end
 local st = type(s) == 'string' and string.sub(s, 2, 2)
 if st == 'd' or st == 'f' then
+  if ARGV[3] == '1' then
+    return {s, redis.call('PTTL', KEYS[1])}
+  end
   return s
 end
 

@@ -13,6 +13,11 @@
 --          message
 -- ARGV[3]  retention in milliseconds (the record's TTL from now on)
 -- ARGV[4]  the publish command, "PUBLISH" or "SPUBLISH"; "" publishes nothing
+-- KEYS[3], ARGV[5..7]  with tombstones only (see lua/tombstone.lua): the
+--          stem of the key's tombstone buckets; the tombstone's field, and
+--          the tombstones' span (retention + tombstone time) and window
+--          width in milliseconds. The stored record leaves a tombstone
+--          with its fingerprint.
 --
 -- The notification is the finished record itself when it is at most 4096
 -- bytes (the outcome, its fingerprint, owner and attempt: a waiter of that
@@ -62,5 +67,10 @@ end
 redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
 if ARGV[4] ~= '' then
   redis.call(ARGV[4], KEYS[2], #rec <= 4096 and rec or done)
+end
+if KEYS[3] then
+  --[[lua/tombstone.lua]]
+  local fl = string.byte(rec, 3)
+  tombWrite(KEYS[3], ARGV[5], string.sub(rec, 4, 3 + math.min(fl, 8)), tonumber(ARGV[6]), tonumber(ARGV[7]))
 end
 return 1

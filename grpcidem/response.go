@@ -1,0 +1,253 @@
+package grpcidem
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/idem-go/idem"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// capture records the header and trailer metadata a handler sets, on
+// their way to the call's real stream.
+type capture struct {
+	grpc.ServerTransportStream
+
+	mu      sync.Mutex
+	header  metadata.MD // guarded by mu
+	trailer metadata.MD // guarded by mu
+}
+
+// captureMetadata returns a context whose stream records what the handler
+// sets, and the record; ctx itself and nil outside a gRPC server.
+func captureMetadata(ctx context.Context) (context.Context, *capture) {
+	inner := grpc.ServerTransportStreamFromContext(ctx)
+	if inner == nil {
+		return ctx, nil
+	}
+	c := &capture{ServerTransportStream: inner}
+	return grpc.NewContextWithServerTransportStream(ctx, c), c
+}
+
+// SetHeader sets the header on the real stream and records it.
+func (c *capture) SetHeader(md metadata.MD) error {
+	if err := c.ServerTransportStream.SetHeader(md); err != nil {
+		return err
+	}
+	c.add(&c.header, md)
+	return nil
+}
+
+// SendHeader sends the header on the real stream and records it.
+func (c *capture) SendHeader(md metadata.MD) error {
+	if err := c.ServerTransportStream.SendHeader(md); err != nil {
+		return err
+	}
+	c.add(&c.header, md)
+	return nil
+}
+
+// SetTrailer sets the trailer on the real stream and records it.
+func (c *capture) SetTrailer(md metadata.MD) error {
+	if err := c.ServerTransportStream.SetTrailer(md); err != nil {
+		return err
+	}
+	c.add(&c.trailer, md)
+	return nil
+}
+
+func (c *capture) add(to *metadata.MD, md metadata.MD) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	*to = metadata.Join(*to, md)
+}
+
+// recorded returns the header and trailer recorded.
+func (c *capture) recorded() (header, trailer metadata.MD) {
+	if c == nil {
+		return nil, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.header, c.trailer
+}
+
+// response is a response as the interceptor stores and replays it.
+type response struct {
+	typeName        protoreflect.FullName
+	header, trailer metadata.MD
+	body            []byte // the message, encoded
+}
+
+// The stored form of a response, version 1:
+//
+//	"g" 0x01 len(type) type n (len(key) key len(value) value)×n
+//	         m (len(key) key len(value) value)×m body
+//
+// with the lengths, n and m as unsigned varints: the response message's
+// full type name, n header and m trailer pairs (one per value, keys
+// sorted), and the encoded message running to the end.
+const (
+	formatMagic   = 'g'
+	formatVersion = 1
+)
+
+// encodeResponse returns the stored form of the handler's response and
+// the metadata it set (c, possibly nil).
+func encodeResponse(resp any, c *capture) ([]byte, error) {
+	m, ok := resp.(proto.Message)
+	if !ok || m == nil {
+		return nil, fmt.Errorf("grpcidem: the response, of type %T, is not a protocol buffer message", resp)
+	}
+	body, err := proto.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("grpcidem: the response cannot be encoded: %w", err)
+	}
+	header, trailer := c.recorded()
+	header = header.Copy()
+	delete(header, HeaderReplayed)
+	r := response{typeName: m.ProtoReflect().Descriptor().FullName(), header: header, trailer: trailer, body: body}
+	return r.encode(), nil
+}
+
+// encode returns the stored form of r.
+func (r response) encode() []byte {
+	b := make([]byte, 0, 2+binary.MaxVarintLen64+len(r.typeName)+mdSize(r.header)+mdSize(r.trailer)+len(r.body))
+	b = append(b, formatMagic, formatVersion)
+	b = appendString(b, string(r.typeName))
+	b = appendMD(b, r.header)
+	b = appendMD(b, r.trailer)
+	return append(b, r.body...)
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendMD(b []byte, md metadata.MD) []byte {
+	n := 0
+	for _, vs := range md {
+		n += len(vs)
+	}
+	b = binary.AppendUvarint(b, uint64(n))
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		for _, v := range md[k] {
+			b = appendString(b, k)
+			b = appendString(b, v)
+		}
+	}
+	return b
+}
+
+// mdSize is about the size of md's stored form.
+func mdSize(md metadata.MD) int {
+	size := binary.MaxVarintLen64
+	for k, vs := range md {
+		for _, v := range vs {
+			size += 2*binary.MaxVarintLen64 + len(k) + len(v)
+		}
+	}
+	return size
+}
+
+// decodeResponse reads the stored form of a response. The body it returns
+// shares b's memory.
+func decodeResponse(b []byte) (response, error) {
+	bad := func(why string) (response, error) {
+		return response{}, fmt.Errorf("%w: stored response: %s", idem.ErrCorrupt, why)
+	}
+	if len(b) < 2 || b[0] != formatMagic {
+		return bad("not a stored response")
+	}
+	if b[1] != formatVersion {
+		return bad(fmt.Sprintf("unknown format version %d", b[1]))
+	}
+	d := decoder{b: b[2:]}
+	var r response
+	name, ok := d.string()
+	if !ok || !protoreflect.FullName(name).IsValid() {
+		return bad("bad type name")
+	}
+	r.typeName = protoreflect.FullName(name)
+	if r.header, ok = d.md(); !ok {
+		return bad("bad header")
+	}
+	if r.trailer, ok = d.md(); !ok {
+		return bad("bad trailer")
+	}
+	r.body = d.b
+	return r, nil
+}
+
+type decoder struct{ b []byte }
+
+func (d *decoder) uvarint() (uint64, bool) {
+	x, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		return 0, false
+	}
+	d.b = d.b[n:]
+	return x, true
+}
+
+func (d *decoder) string() (string, bool) {
+	n, ok := d.uvarint()
+	if !ok || n > uint64(len(d.b)) {
+		return "", false
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s, true
+}
+
+func (d *decoder) md() (metadata.MD, bool) {
+	n, ok := d.uvarint()
+	// Each pair takes at least two bytes: a bound before allocating.
+	if !ok || n > uint64(len(d.b))/2 {
+		return nil, false
+	}
+	if n == 0 {
+		return nil, true
+	}
+	md := make(metadata.MD)
+	for range n {
+		k, ok1 := d.string()
+		v, ok2 := d.string()
+		if !ok1 || !ok2 || k == "" {
+			return nil, false
+		}
+		md[k] = append(md[k], v)
+	}
+	return md, true
+}
+
+// errUnknownType means the stored response's type is not registered.
+var errUnknownType = errors.New("grpcidem: the stored response's type is not registered")
+
+// message returns a new message of the stored type, decoded from the
+// stored body.
+func (r response) message() (proto.Message, error) {
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(r.typeName)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", errUnknownType, r.typeName, err)
+	}
+	m := mt.New().Interface()
+	if err := proto.Unmarshal(r.body, m); err != nil {
+		return nil, fmt.Errorf("%w: stored response of type %s: %v", idem.ErrCorrupt, r.typeName, err)
+	}
+	return m, nil
+}

@@ -1,0 +1,356 @@
+package grpcidem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// Metadata names.
+const (
+	// HeaderIdempotencyKey is the request metadata that carries the key,
+	// unless WithHeader (or WithClientHeader) names another.
+	HeaderIdempotencyKey = "idempotency-key"
+	// HeaderReplayed is the response header metadata set to "true" on
+	// every replay.
+	HeaderReplayed = "idempotent-replayed"
+)
+
+// UnaryServerInterceptor returns an interceptor that runs the handler at
+// most once per idempotency key, with c, and replays its response or
+// definite error status to retries (see the package documentation). Chain
+// it after the interceptors that authenticate the call.
+// It panics if c is nil or an option is invalid, as those are programming
+// errors.
+func UnaryServerInterceptor(c *idem.Client, opts ...Option) grpc.UnaryServerInterceptor {
+	cfg := config{
+		header:      HeaderIdempotencyKey,
+		fingerprint: DefaultFingerprint,
+		maxKeyLen:   255,
+		retryAfter:  time.Second,
+		logger:      slog.New(slog.DiscardHandler),
+	}
+	for _, code := range defaultDefinite {
+		cfg.definite[code] = true
+	}
+	if c == nil {
+		cfg.problem("nil *idem.Client")
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if len(cfg.problems) > 0 {
+		panic(fmt.Sprintf("grpcidem: invalid options: %s", strings.Join(cfg.problems, "; ")))
+	}
+	if cfg.keySecret == nil {
+		cfg.keySecret = processSecret()
+	}
+	s := &server{c: c, cfg: cfg}
+	return s.intercept
+}
+
+type server struct {
+	c   *idem.Client
+	cfg config
+}
+
+// call is one call through the interceptor, from its key on.
+type call struct {
+	s      *server
+	ctx    context.Context
+	method string
+	key    string // scoped: the key given to idem
+	// Set when the handler runs in this call: its outcome is the
+	// original, not a replay.
+	ran     bool
+	resp    any
+	err     error
+	capture *capture // the metadata the handler set; nil outside a server
+}
+
+// intercept reads the key, the scope and the fingerprint, and runs the
+// handler under idem.Client.Do, or answers from the stored outcome.
+func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.cfg.methods != nil && !s.cfg.methods[info.FullMethod] {
+		return handler(ctx, req)
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	values := md.Get(s.cfg.header)
+	if len(values) == 0 {
+		if s.cfg.required {
+			return nil, s.fail(codes.InvalidArgument, ReasonKeyMissing,
+				"the call has no "+s.cfg.header+" metadata, which this method requires")
+		}
+		return handler(ctx, req)
+	}
+	key, err := parseKey(values, s.cfg.maxKeyLen)
+	if err != nil {
+		return nil, s.fail(codes.InvalidArgument, ReasonKeyInvalid, "the "+s.cfg.header+" metadata "+err.Error())
+	}
+	var scope string
+	if s.cfg.scope != nil {
+		if scope, err = s.cfg.scope(ctx); err != nil {
+			return nil, s.failWith(err, codes.Unauthenticated, ReasonScope)
+		}
+	}
+	fp, err := s.cfg.fingerprint(ctx, info.FullMethod, req)
+	if err != nil {
+		return nil, s.failWith(err, codes.InvalidArgument, ReasonBadRequest)
+	}
+	cl := &call{s: s, ctx: ctx, method: info.FullMethod, key: scopedKey(scope, key)}
+	res, err := s.c.Do(ctx, cl.key, fp, func(ctx context.Context) ([]byte, error) {
+		return cl.run(ctx, req, handler)
+	})
+	if cl.ran {
+		return cl.answerOwner(err)
+	}
+	if err != nil {
+		return nil, cl.answerError(err)
+	}
+	return cl.replay(res)
+}
+
+// run runs the handler as the key's owner and returns its outcome as idem
+// stores it: the response's stored form, a permanent failure for a
+// definite status, or a transient error.
+func (cl *call) run(ctx context.Context, req any, handler grpc.UnaryHandler) ([]byte, error) {
+	cl.ran = true
+	ctx, cl.capture = captureMetadata(ctx)
+	cl.resp, cl.err = handler(ctx, req)
+	if cl.err != nil {
+		st := status.Convert(cl.err)
+		code := st.Code()
+		if code == codes.OK {
+			// An error whose status says OK (a GRPCStatus method that
+			// returns nil): gRPC sends Unknown.
+			code = codes.Unknown
+		}
+		if idem.IsPermanent(cl.err) || cl.s.cfg.definite[code] {
+			return nil, idem.PermanentCode(statusCodePrefix+code.String(), errors.New(st.Message()))
+		}
+		return nil, errTransient
+	}
+	b, err := encodeResponse(cl.resp, cl.capture)
+	if err != nil {
+		// The handler acted: finish the key, so that it does not run again.
+		return nil, idem.PermanentCode(codeNotStored, err)
+	}
+	return b, nil
+}
+
+// errTransient is the outcome of a handler that returned a transient
+// status: the key is released.
+var errTransient = errors.New("grpcidem: transient status, not stored")
+
+// answerOwner returns the outcome of the handler that ran in this call,
+// unless it could not be recorded.
+func (cl *call) answerOwner(err error) (any, error) {
+	log := cl.s.cfg.logger
+	switch {
+	case err == nil:
+	case errors.Is(err, idem.ErrNotRecorded), errors.Is(err, idem.ErrLeaseLost):
+		log.Error("grpcidem: the handler ran but its outcome was not recorded",
+			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+		return nil, cl.s.fail(codes.Internal, ReasonNotRecorded,
+			"the call was processed, but its outcome could not be recorded; a retry may run it again")
+	case errors.Is(err, idem.ErrTooLarge):
+		log.Warn("grpcidem: response not stored: larger than the Client's WithMaxResultSize; retries get Internal",
+			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+	case idem.Code(err) == codeNotStored:
+		log.Warn("grpcidem: response not stored: it cannot be encoded; retries get Internal",
+			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+	}
+	return cl.resp, cl.err
+}
+
+// answerError answers a call whose handler did not run here.
+func (cl *call) answerError(err error) error {
+	s := cl.s
+	var stored *idem.StoredError
+	switch {
+	case errors.As(err, &stored):
+		return cl.replayFailure(stored)
+	case errors.Is(err, idem.ErrConflict):
+		return s.fail(codes.FailedPrecondition, ReasonKeyReused,
+			"this "+s.cfg.header+" was used before with another request")
+	case errors.Is(err, idem.ErrLateRetry):
+		return s.fail(codes.FailedPrecondition, ReasonLateRetry,
+			"this "+s.cfg.header+" was used, and its outcome is no longer kept; use a new key for a new operation")
+	case errors.Is(err, idem.ErrInProgress):
+		return s.retryable(cl.ctx, ReasonInProgress,
+			"a call with this "+s.cfg.header+" is still being processed; retry later")
+	case errors.Is(err, idem.ErrInvalidKey):
+		return s.fail(codes.InvalidArgument, ReasonKeyInvalid,
+			"the "+s.cfg.header+" metadata is too long for this service")
+	case errors.Is(err, idem.ErrTooLarge):
+		return errNotStoredStatus(s)
+	case errors.Is(err, idem.ErrClosed):
+		return s.retryable(cl.ctx, ReasonUnavailable, "the service is shutting down")
+	case errors.Is(err, idem.ErrCorrupt), errors.Is(err, idem.ErrExpired):
+		s.cfg.logger.Error("grpcidem: cannot answer from the stored record",
+			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+		return s.fail(codes.Internal, ReasonRecordUnusable, "the record of this key cannot be used")
+	case cl.ctx.Err() != nil:
+		// The caller went away or its deadline passed: nothing ran.
+		return status.FromContextError(cl.ctx.Err()).Err()
+	default:
+		// Redis unreachable, a timeout, a claim that came back too late:
+		// nothing ran.
+		s.cfg.logger.Error("grpcidem: cannot reach the idempotency store",
+			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+		return s.retryable(cl.ctx, ReasonUnavailable,
+			"the idempotency store is unavailable; the call was not processed")
+	}
+}
+
+// replay returns the stored response res.
+func (cl *call) replay(res []byte) (any, error) {
+	r, err := decodeResponse(res)
+	if err == nil {
+		var m proto.Message
+		if m, err = r.message(); err == nil {
+			cl.setMetadata(r.header, r.trailer)
+			return m, nil
+		}
+	}
+	cl.s.cfg.logger.Error("grpcidem: stored response unreadable",
+		"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+	return nil, cl.s.fail(codes.Internal, ReasonRecordUnusable, "the stored response to this key cannot be read")
+}
+
+// replayFailure returns the stored failure as the status it was.
+func (cl *call) replayFailure(stored *idem.StoredError) error {
+	switch code, ok := strings.CutPrefix(stored.Code, statusCodePrefix); {
+	case ok:
+		c, known := codeByName[code]
+		if !known {
+			c = codes.Unknown
+		}
+		cl.setMetadata(nil, nil)
+		return status.Error(c, stored.Message)
+	case stored.Code == codeNotStored, errors.Is(stored, idem.ErrTooLarge):
+		return errNotStoredStatus(cl.s)
+	default:
+		// A failure that no grpcidem interceptor stored: the key was used
+		// by other code.
+		cl.s.cfg.logger.Error("grpcidem: the key's stored failure is not a status",
+			"method", cl.method, "key_digest", cl.digest(), "code", stored.Code)
+		return cl.s.fail(codes.Internal, ReasonRecordUnusable, "the record of this key cannot be used")
+	}
+}
+
+// setMetadata sets the header (marked replayed) and the trailer of a
+// replay. Outside a gRPC server (an interceptor called directly) there is
+// nothing to set them on.
+func (cl *call) setMetadata(header, trailer metadata.MD) {
+	h := metadata.MD{}
+	for k, vs := range header {
+		h[k] = vs
+	}
+	h.Set(HeaderReplayed, "true")
+	_ = grpc.SetHeader(cl.ctx, h)
+	if len(trailer) > 0 {
+		_ = grpc.SetTrailer(cl.ctx, trailer)
+	}
+}
+
+func (cl *call) digest() string { return idem.EventKeyDigest(cl.s.cfg.keySecret, cl.key) }
+
+// redact returns err's message without the key, which idem's errors quote:
+// logs carry its digest only.
+func (cl *call) redact(err error) string {
+	return strings.ReplaceAll(err.Error(), strconv.Quote(cl.key), "<key>")
+}
+
+func errNotStoredStatus(s *server) error {
+	return s.fail(codes.Internal, ReasonNotStored,
+		"the call was processed, but its response could not be stored and cannot be replayed")
+}
+
+// statusCodePrefix begins the idem code of a stored status: "grpc.NotFound".
+const statusCodePrefix = "grpc."
+
+// codeNotStored is the idem code of a response that could not be encoded.
+const codeNotStored = "grpcidem.not_stored"
+
+// codeByName maps the names of the status codes to the codes.
+var codeByName = func() map[string]codes.Code {
+	m := make(map[string]codes.Code, codeCount)
+	for c := codes.Code(0); c < codeCount; c++ {
+		m[c.String()] = c
+	}
+	return m
+}()
+
+// scopedKey returns the key that idem stores: the scope's length, ':', the
+// scope and the key. The length says where the scope ends, so no two
+// (scope, key) pairs give one key.
+func scopedKey(scope, key string) string {
+	return strconv.Itoa(len(scope)) + ":" + scope + key
+}
+
+// parseKey checks the key metadata's values and returns the key.
+func parseKey(values []string, maxLen int) (string, error) {
+	if len(values) > 1 {
+		return "", errors.New("is sent more than once")
+	}
+	v := values[0]
+	switch {
+	case v == "":
+		return "", errors.New("is empty")
+	case len(v) > maxLen:
+		return "", fmt.Errorf("is longer than %d bytes", maxLen)
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x21 || v[i] > 0x7E {
+			return "", errors.New("has a character that is not visible ASCII")
+		}
+	}
+	return v, nil
+}
+
+// metadataName checks a metadata key for the key and returns it lowered.
+func metadataName(name string) (string, error) {
+	n := strings.ToLower(name)
+	switch {
+	case n == "":
+		return "", errors.New("empty")
+	case strings.HasPrefix(n, "grpc-"):
+		return "", errors.New(`names starting with "grpc-" are reserved`)
+	case strings.HasSuffix(n, "-bin"):
+		return "", errors.New(`names ending with "-bin" carry binary values`)
+	}
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return "", fmt.Errorf("character %q is not allowed in a metadata name", c)
+		}
+	}
+	return n, nil
+}
+
+// methodSet checks full method names and returns them as a set.
+func methodSet(fullMethods []string) (map[string]bool, error) {
+	if len(fullMethods) == 0 {
+		return nil, errors.New("needs at least one method")
+	}
+	m := make(map[string]bool, len(fullMethods))
+	for _, fm := range fullMethods {
+		if svc, meth, ok := strings.Cut(strings.TrimPrefix(fm, "/"), "/"); !strings.HasPrefix(fm, "/") || !ok || svc == "" || meth == "" || strings.Contains(meth, "/") {
+			return nil, fmt.Errorf("%q is not a full method name (/package.Service/Method)", fm)
+		}
+		m[fm] = true
+	}
+	return m, nil
+}

@@ -1,0 +1,511 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// memLedger is an idem.Ledger kept in memory: a stand-in for a database in
+// which fn's business change and the outcome commit in one transaction
+// (commit below holds the mutex over both, as a transaction would).
+type memLedger struct {
+	mu      sync.Mutex
+	entries map[string]idem.Entry
+	applied map[string]int // business changes applied, by key
+	lookups atomic.Int64
+	fail    atomic.Pointer[error] // Lookup's error, when set
+}
+
+func newMemLedger() *memLedger {
+	return &memLedger{entries: map[string]idem.Entry{}, applied: map[string]int{}}
+}
+
+func (l *memLedger) Lookup(ctx context.Context, key string) (idem.Entry, bool, error) {
+	l.lookups.Add(1)
+	if err := l.fail.Load(); err != nil {
+		return idem.Entry{}, false, *err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.entries[key]
+	return e, ok, nil
+}
+
+// commit applies the business change and records v as the call's outcome
+// in one step, as idemsql.Commit does in a transaction: when the ledger
+// holds an outcome for the key already, it applies nothing.
+func commit[T any](ctx context.Context, l *memLedger, v T) error {
+	p, err := idem.PendingFrom(ctx)
+	if err != nil {
+		return err
+	}
+	e, err := p.Entry(v)
+	if err != nil {
+		return err
+	}
+	return l.insert(p, e, v)
+}
+
+// commitFailure records err as the call's permanent failure, with its
+// business change (a declined payment's row), in one step.
+func commitFailure(ctx context.Context, l *memLedger, err error) error {
+	p, perr := idem.PendingFrom(ctx)
+	if perr != nil {
+		return perr
+	}
+	e, perr := p.FailureEntry(err)
+	if perr != nil {
+		return perr
+	}
+	if ierr := l.insert(p, e, err); ierr != nil {
+		return ierr
+	}
+	return err
+}
+
+func (l *memLedger) insert(p *idem.Pending, e idem.Entry, v any) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if old, ok := l.entries[e.Key]; ok {
+		return p.Found(old)
+	}
+	l.entries[e.Key] = e
+	l.applied[e.Key]++
+	p.Committed(e, v)
+	return nil
+}
+
+func (l *memLedger) changes(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.applied[key]
+}
+
+func TestLedgerCommitReplays(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l))
+		var runs atomic.Int64
+		fn := func(ctx context.Context) ([]byte, error) {
+			runs.Add(1)
+			r := []byte("receipt-1")
+			return r, commit(ctx, l, r)
+		}
+		for i := range 3 {
+			got, err := c.Do(ctx, "k", "fp", fn)
+			if err != nil || string(got) != "receipt-1" {
+				t.Fatalf("call %d: got %q, %v; want receipt-1", i, got, err)
+			}
+		}
+		if runs.Load() != 1 || l.changes("k") != 1 {
+			t.Fatalf("fn ran %d times, %d changes; want 1 and 1", runs.Load(), l.changes("k"))
+		}
+		if n := l.lookups.Load(); n != 0 {
+			t.Fatalf("%d lookups for a fresh key; want none", n)
+		}
+	})
+}
+
+// Redis lost the record (a restart without persistence, FLUSHALL): the
+// next call runs fn as attempt 1, its commit meets the ledger's unique key,
+// and Do returns the recorded outcome; the change stays applied once.
+func TestLedgerRedisLostTheRecord(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l))
+		var runs atomic.Int64
+		fn := func(ctx context.Context) ([]byte, error) {
+			n := runs.Add(1)
+			r := []byte(fmt.Sprintf("receipt-%d", n))
+			return r, commit(ctx, l, r)
+		}
+		if got, err := c.Do(ctx, "k", "fp", fn); err != nil || string(got) != "receipt-1" {
+			t.Fatalf("first call: %q, %v", got, err)
+		}
+		b.do(t, "FLUSHALL")
+		got, err := c.Do(ctx, "k", "fp", fn)
+		if err != nil || string(got) != "receipt-1" {
+			t.Fatalf("after FLUSHALL: got %q, %v; want the recorded receipt-1", got, err)
+		}
+		if runs.Load() != 2 || l.changes("k") != 1 {
+			t.Fatalf("fn ran %d times (want 2: the second rolled back), changes %d (want 1)", runs.Load(), l.changes("k"))
+		}
+		// The record is finished from the ledger: a third call replays
+		// from Redis without running fn.
+		if got, err := c.Do(ctx, "k", "fp", fn); err != nil || string(got) != "receipt-1" || runs.Load() != 2 {
+			t.Fatalf("third call: %q, %v, runs %d", got, err, runs.Load())
+		}
+		// Other parameters, after another loss: a conflict, from the ledger.
+		b.do(t, "FLUSHALL")
+		if _, err := c.Do(ctx, "k", "other", fn); !errors.Is(err, idem.ErrConflict) {
+			t.Fatalf("other fingerprint after FLUSHALL: %v; want ErrConflict", err)
+		}
+		if l.changes("k") != 1 {
+			t.Fatalf("changes %d; want 1", l.changes("k"))
+		}
+		// ... and Redis now says so at once, without fn.
+		before := runs.Load()
+		if _, err := c.Do(ctx, "k", "other", fn); !errors.Is(err, idem.ErrConflict) || runs.Load() != before {
+			t.Fatalf("other fingerprint again: %v, runs %d -> %d", err, before, runs.Load())
+		}
+		if got, err := c.Do(ctx, "k", "fp", fn); err != nil || string(got) != "receipt-1" {
+			t.Fatalf("the recorded parameters: %q, %v", got, err)
+		}
+	})
+}
+
+// The owner died between its commit and the completion: the key stays in
+// progress until the lease ends, then the next caller takes over, finds
+// the outcome in the ledger and returns it without running fn.
+func TestLedgerTakeoverFindsTheCommit(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		lease := time.Second
+		c := b.idem(t, idem.WithLedger(l), idem.WithLease(lease), idem.WithWait(0))
+		// What a dead owner left: its commit, and its claim in Redis.
+		var first idem.Entry
+		dead := b.idem(t, idem.WithLedger(l), idem.WithLease(lease))
+		_, err := dead.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			p, err := idem.PendingFrom(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if first, err = p.Entry([]byte("receipt-1")); err != nil {
+				return nil, err
+			}
+			return nil, errors.New("not committed through the Pending")
+		})
+		if err == nil {
+			t.Fatal("the dead owner's call succeeded")
+		}
+		l.mu.Lock()
+		l.entries["k"], l.applied["k"] = first, 1
+		l.mu.Unlock()
+		b.do(t, "SET", "idem:{k}", inProgress("dead-owner", 2, time.Hour, lease), "PX", time.Hour.Milliseconds())
+		if _, err := c.Do(ctx, "k", "fp", l.fnFails(t)); !errors.Is(err, idem.ErrInProgress) {
+			t.Fatalf("during the dead owner's lease: %v; want ErrInProgress", err)
+		}
+		b.advance(t, lease+100*time.Millisecond)
+		got, err := c.Do(ctx, "k", "fp", l.fnFails(t))
+		if err != nil || string(got) != "receipt-1" {
+			t.Fatalf("takeover: %q, %v; want receipt-1 from the ledger", got, err)
+		}
+		if n := l.lookups.Load(); n != 1 {
+			t.Fatalf("%d lookups; want 1", n)
+		}
+		st := faultStatus(t, b, "k")
+		if st.State != idem.StateDone || st.Attempt != 3 {
+			t.Fatalf("status %+v; want done by attempt 3", st)
+		}
+		if got, err := c.Do(ctx, "k", "fp", l.fnFails(t)); err != nil || string(got) != "receipt-1" {
+			t.Fatalf("replay: %q, %v", got, err)
+		}
+		if l.changes("k") != 1 {
+			t.Fatalf("changes %d; want 1", l.changes("k"))
+		}
+	})
+}
+
+// fnFails returns an fn that fails the test if it runs.
+func (l *memLedger) fnFails(t *testing.T) func(context.Context) ([]byte, error) {
+	return func(context.Context) ([]byte, error) {
+		t.Error("fn ran")
+		return nil, errors.New("fn ran")
+	}
+}
+
+// Two owners live at once (the first one's record was lost while it ran):
+// the second commits first; the first one's commit finds it, applies
+// nothing, and both return the second's outcome.
+func TestLedgerTwoLiveOwners(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		a := b.idem(t, idem.WithLedger(l))
+		bc := b.idem(t, idem.WithLedger(l))
+		started, proceed := make(chan struct{}), make(chan struct{})
+		var aErr atomic.Pointer[error]
+		type result struct {
+			v   []byte
+			err error
+		}
+		aDone := make(chan result, 1)
+		go func() {
+			v, err := a.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+				close(started)
+				<-proceed
+				err := commit(ctx, l, []byte("from-A"))
+				aErr.Store(&err)
+				return []byte("from-A"), err
+			})
+			aDone <- result{v, err}
+		}()
+		<-started
+		b.do(t, "DEL", "idem:{k}") // A's record is lost
+		v, err := bc.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			return []byte("from-B"), commit(ctx, l, []byte("from-B"))
+		})
+		if err != nil || string(v) != "from-B" {
+			t.Fatalf("B: %q, %v", v, err)
+		}
+		close(proceed)
+		r := <-aDone
+		if r.err != nil || string(r.v) != "from-B" {
+			t.Fatalf("A: %q, %v; want B's outcome", r.v, r.err)
+		}
+		if e := *aErr.Load(); !errors.Is(e, idem.ErrRecorded) {
+			t.Fatalf("A's commit returned %v; want ErrRecorded", e)
+		}
+		if l.changes("k") != 1 {
+			t.Fatalf("changes %d; want 1", l.changes("k"))
+		}
+		if v, err := a.Do(ctx, "k", "fp", l.fnFails(t)); err != nil || string(v) != "from-B" {
+			t.Fatalf("replay: %q, %v", v, err)
+		}
+	})
+}
+
+type ledgerReceipt struct {
+	ID     string
+	Amount int64
+	Tags   []string
+}
+
+func TestLedgerTyped(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l))
+		want := ledgerReceipt{ID: "r1", Amount: 100, Tags: []string{}}
+		got, err := idem.Do(ctx, c, "k", "fp", func(ctx context.Context) (ledgerReceipt, error) {
+			return want, commit(ctx, l, want)
+		})
+		if err != nil || got.ID != "r1" || got.Tags == nil {
+			t.Fatalf("owner: %+v, %v", got, err)
+		}
+		// Found: Redis lost the record; the second call's commit meets the
+		// first's, and its Do decodes the recorded receipt.
+		b.do(t, "FLUSHALL")
+		got, err = idem.Do(ctx, c, "k", "fp", func(ctx context.Context) (ledgerReceipt, error) {
+			r := ledgerReceipt{ID: "r2", Amount: 100}
+			return r, commit(ctx, l, r)
+		})
+		if err != nil || got.ID != "r1" || got.Amount != 100 {
+			t.Fatalf("after FLUSHALL: %+v, %v; want r1", got, err)
+		}
+		// A value of another type than Do's T is refused, nothing committed.
+		_, err = idem.Do(ctx, c, "k2", "fp", func(ctx context.Context) (ledgerReceipt, error) {
+			return ledgerReceipt{}, commit(ctx, l, "a string")
+		})
+		if !errors.Is(err, idem.ErrEncode) || l.changes("k2") != 0 {
+			t.Fatalf("commit of another type: %v, changes %d; want ErrEncode and none", err, l.changes("k2"))
+		}
+	})
+}
+
+func TestLedgerCommittedFailure(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l))
+		declined := errors.New("card declined")
+		var runs atomic.Int64
+		fn := func(ctx context.Context) (ledgerReceipt, error) {
+			runs.Add(1)
+			return ledgerReceipt{}, commitFailure(ctx, l, idem.PermanentCode("card_declined", declined))
+		}
+		for i := range 2 {
+			_, err := idem.Do(ctx, c, "k", "fp", fn)
+			var se *idem.StoredError
+			if i == 0 && !errors.Is(err, declined) {
+				t.Fatalf("owner: %v; want the declined error", err)
+			}
+			if i == 1 && (!errors.As(err, &se) || se.Code != "card_declined" || se.Message != "card declined") {
+				t.Fatalf("replay: %#v; want the stored failure", err)
+			}
+		}
+		b.do(t, "FLUSHALL")
+		_, err := idem.Do(ctx, c, "k", "fp", fn)
+		var se *idem.StoredError
+		if !errors.As(err, &se) || se.Code != "card_declined" {
+			t.Fatalf("after FLUSHALL: %v; want the recorded failure", err)
+		}
+		if runs.Load() != 2 || l.changes("k") != 1 {
+			t.Fatalf("runs %d (want 2), changes %d (want 1)", runs.Load(), l.changes("k"))
+		}
+	})
+}
+
+// Bad input: a commit outside Do, with a Client without a ledger, twice in
+// one call, after fn returned, of a value too large or of another type:
+// each a clear error, nothing committed.
+func TestLedgerCommitRefused(t *testing.T) {
+	b := newMiniredis(t)
+	ctx := context.Background()
+	l := newMemLedger()
+	if err := commit(ctx, l, []byte("x")); !errors.Is(err, idem.ErrNoLedger) || !strings.Contains(err.Error(), "not inside") {
+		t.Fatalf("outside Do: %v", err)
+	}
+	plain := b.idem(t)
+	_, err := plain.Do(ctx, "k", "", func(ctx context.Context) ([]byte, error) {
+		return nil, commit(ctx, l, []byte("x"))
+	})
+	if !errors.Is(err, idem.ErrNoLedger) || !strings.Contains(err.Error(), "WithLedger") {
+		t.Fatalf("Client without a ledger: %v", err)
+	}
+	c := b.idem(t, idem.WithLedger(l), idem.WithMaxResultSize(8))
+	var second error
+	var left context.Context
+	_, err = c.Do(ctx, "twice", "", func(ctx context.Context) ([]byte, error) {
+		left = ctx
+		if err := commit(ctx, l, []byte("one")); err != nil {
+			return nil, err
+		}
+		second = commit(ctx, l, []byte("two"))
+		return []byte("one"), nil
+	})
+	if err != nil || !errors.Is(second, idem.ErrNoLedger) {
+		t.Fatalf("second commit: Do %v, commit %v; want ErrNoLedger", err, second)
+	}
+	if err := commit(left, l, []byte("late")); !errors.Is(err, idem.ErrNoLedger) {
+		t.Fatalf("commit after fn returned: %v", err)
+	}
+	_, err = c.Do(ctx, "big", "", func(ctx context.Context) ([]byte, error) {
+		return nil, commit(ctx, l, []byte("far too large"))
+	})
+	if !errors.Is(err, idem.ErrTooLarge) || l.changes("big") != 0 {
+		t.Fatalf("too large: %v, changes %d", err, l.changes("big"))
+	}
+	_, err = c.Do(ctx, "type", "", func(ctx context.Context) ([]byte, error) {
+		return nil, commit(ctx, l, "a string")
+	})
+	if !errors.Is(err, idem.ErrEncode) || l.changes("type") != 0 {
+		t.Fatalf("a string in Client.Do: %v, changes %d", err, l.changes("type"))
+	}
+	if l.changes("twice") != 1 {
+		t.Fatalf("twice: %d changes", l.changes("twice"))
+	}
+}
+
+// A failing lookup leaves fn unrun and the key released: the next call
+// with a working ledger runs fn.
+func TestLedgerLookupFails(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l), idem.WithLedgerLookups(true))
+		boom := errors.New("database down")
+		l.fail.Store(&boom)
+		_, err := c.Do(ctx, "k", "fp", l.fnFails(t))
+		if !errors.Is(err, boom) || errors.Is(err, idem.ErrNotRecorded) {
+			t.Fatalf("lookup failed: %v; want the database's error", err)
+		}
+		faultWantStatus(t, b, "k", idem.StateReleased, 1)
+		l.fail.Store(nil)
+		got, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			a, _ := idem.AttemptFrom(ctx)
+			r := []byte(fmt.Sprintf("attempt-%d", a.Number))
+			return r, commit(ctx, l, r)
+		})
+		if err != nil || string(got) != "attempt-2" {
+			t.Fatalf("after the database came back: %q, %v", got, err)
+		}
+		if n := l.lookups.Load(); n != 2 {
+			t.Fatalf("%d lookups; want 2 (every fn, with WithLedgerLookups(true))", n)
+		}
+	})
+}
+
+// Once the commit is in, fn's own later error does not undo it.
+func TestLedgerErrorAfterCommit(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l), idem.WithLogger(nil))
+		got, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			if err := commit(ctx, l, []byte("done")); err != nil {
+				return nil, err
+			}
+			return nil, errors.New("the notification after the commit failed")
+		})
+		if err != nil || string(got) != "done" {
+			t.Fatalf("got %q, %v; want the committed outcome", got, err)
+		}
+		faultWantStatus(t, b, "k", idem.StateDone, 1)
+	})
+}
+
+// Redis fails after the commit: Do still returns the committed outcome (it
+// is recorded), and the next caller finishes the record from the ledger.
+func TestLedgerCompletionFailsAfterCommit(t *testing.T) {
+	b := newMiniredis(t)
+	ctx := context.Background()
+	l := newMemLedger()
+	lease := time.Second
+	c := b.idem(t, idem.WithLedger(l), idem.WithLease(lease), idem.WithStoreTimeout(200*time.Millisecond), idem.WithLogger(nil))
+	got, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+		err := commit(ctx, l, []byte("done"))
+		b.mr.SetError("LOADING Redis is loading the dataset in memory")
+		return []byte("done"), err
+	})
+	b.mr.SetError("")
+	if err != nil || string(got) != "done" {
+		t.Fatalf("got %q, %v; want the committed outcome without error", got, err)
+	}
+	b.advance(t, lease+100*time.Millisecond)
+	got, err = c.Do(ctx, "k", "fp", l.fnFails(t))
+	if err != nil || string(got) != "done" {
+		t.Fatalf("next caller: %q, %v", got, err)
+	}
+	faultWantStatus(t, b, "k", idem.StateDone, 2)
+	if l.changes("k") != 1 {
+		t.Fatalf("changes %d", l.changes("k"))
+	}
+}
+
+// 30 concurrent callers with one key: one change, one outcome for all.
+func TestLedgerConcurrentCallers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		var runs atomic.Int64
+		var wg sync.WaitGroup
+		got := make([]string, 30)
+		for i := range got {
+			c := b.idem(t, idem.WithLedger(l), idem.WithWait(30*time.Second))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				v, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+					r := []byte(fmt.Sprintf("receipt-%d", runs.Add(1)))
+					return r, commit(ctx, l, r)
+				})
+				if err != nil {
+					got[i] = err.Error()
+					return
+				}
+				got[i] = string(v)
+			}()
+		}
+		wg.Wait()
+		for i, g := range got {
+			if g != "receipt-1" {
+				t.Fatalf("caller %d got %q", i, g)
+			}
+		}
+		if runs.Load() != 1 || l.changes("k") != 1 {
+			t.Fatalf("runs %d, changes %d", runs.Load(), l.changes("k"))
+		}
+	})
+}

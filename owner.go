@@ -179,7 +179,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	switch {
 	case lerr != nil:
 		c.observeRelease(fctx, key)
-		c.release(ctx, keys, token)
+		c.release(ctx, keys, token, false)
 		return nil, lerr, true
 	case recorded != nil:
 		return c.finishFromLedger(ctx, key, keys, fp, token, claimed, n, recorded, false, nil)
@@ -236,7 +236,7 @@ func (c *Client) finishFromLedger(ctx context.Context, key string, keys []string
 	serr := c.complete(ctx, keys, claimed, record)
 	free()
 	if serr != nil && !errors.Is(serr, ErrLeaseLost) {
-		c.release(ctx, keys, token)
+		c.release(ctx, keys, token, false)
 	}
 	if mine && !e.Failed && fnErr != nil {
 		c.cfg.logger.Warn("idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands",

@@ -144,7 +144,7 @@ func (c *Client) checkServer(ctx context.Context, rdb *redis.Client) ServerCheck
 	for _, sc := range []struct {
 		name string
 		s    script
-	}{{"claim", claimScript}, {"complete", completeScript}, {"release", releaseScript}, {"renew", renewScript}, {"status", statusScript}, {"forget", forgetScript}} {
+	}{{"claim", claimScript}, {"complete", completeScript}, {"release", releaseScript}, {"renew", renewScript}, {"status", statusScript}, {"forget", forgetScript}, {"step", stepScript}} {
 		sha, err := rdb.ScriptLoad(ctx, sc.s.src).Result()
 		if err != nil {
 			problem("cannot load the %s script (%v); allow EVAL, EVALSHA and SCRIPT LOAD (ACL category @scripting) to the client's user", sc.name, err)

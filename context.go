@@ -83,16 +83,19 @@ type attemptCtx struct {
 	// deadline is the owner's lease deadline, in monotonic nanoseconds
 	// (mono); renewals move it later.
 	deadline atomic.Int64
+	steps    steps // of Step, in this attempt
 }
 
-// Value returns a *Attempt for attemptKey: a pointer into c, which costs no
-// allocation as an interface value would; and the call's *Pending for
-// pendingKey, nil (a typed nil, so PendingFrom tells "no ledger" from
-// "outside Do") without a ledger.
+// Value returns a *Attempt for attemptKey and a *steps for stepsKey:
+// pointers into c, which cost no allocation as interface values would; and
+// the call's *Pending for pendingKey, nil (a typed nil, so PendingFrom
+// tells "no ledger" from "outside Do") without a ledger.
 func (c *attemptCtx) Value(key any) any {
 	switch key.(type) {
 	case attemptKey:
 		return &c.a
+	case stepsKey:
+		return &c.steps
 	case pendingKey:
 		return c.pending
 	}

@@ -38,8 +38,8 @@ func Subscribed(c *Client) int {
 func NoPolling(c *Client) { c.firstPoll = time.Hour }
 
 // ScriptSource is the full source of the named script ("claim",
-// "complete", "release", "renew", "status") as sent to Redis, helpers
-// included.
+// "complete", "release", "renew", "status", "step") as sent to Redis,
+// helpers included.
 func ScriptSource(name string) string { return scriptByName(name).src }
 
 // ScriptSHA is the SHA-1 that EVALSHA sends for the named script.
@@ -57,6 +57,8 @@ func scriptByName(name string) script {
 		return renewScript
 	case "status":
 		return statusScript
+	case "step":
+		return stepScript
 	}
 	panic("no script " + name)
 }

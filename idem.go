@@ -60,6 +60,14 @@
 // system's own idempotency mechanism, and use Attempt.Number as a fencing
 // token (or a cue to reconcile) when it is greater than 1.
 //
+// # Steps
+//
+// An fn of several effects wraps each in Step: a step's outcome is
+// checkpointed beside the record (compare-and-set on the owner token), and
+// a later attempt resumes after the last checkpointed step. StepKey gives
+// each step a stable key for the downstream system, which alone covers a
+// step that acted and crashed before its checkpoint. See docs/steps.md.
+//
 // # Redis
 //
 // New takes any go-redis UniversalClient: a single server, Sentinel
@@ -327,7 +335,7 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 			p.setCodec(codec.t.String(), func(v any) ([]byte, error) {
 				t, ok := v.(T)
 				if !ok {
-					return nil, fmt.Errorf("Do[%s] records a %s, not a %T", codec.t, codec.t, v)
+					return nil, fmt.Errorf("the typed Do records a %s, not a %T", codec.t, v)
 				}
 				return codec.encode(&t)
 			})

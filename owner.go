@@ -131,6 +131,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	}{ctx: attemptCtx{Context: cctx, a: Attempt{Key: key, Number: n}, cancel: cancel}}
 	fctx := &o.ctx
 	fctx.deadline.Store(deadline)
+	fctx.steps.init(c, key, keys[0], token, n)
 	var p *Pending
 	if c.cfg.ledger != nil {
 		p = &Pending{key: key, fp: fp, n: n, maxResult: c.cfg.maxResultSize}
@@ -146,6 +147,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 			// fn panicked (the panic goes on to the caller) or called
 			// runtime.Goexit (t.FailNow does): stop renewing, give the
 			// claim back, and let either go on.
+			fctx.steps.end()
 			c.renewals.stop(&o.lease)
 			if p != nil {
 				p.close() // a commit left behind gets ErrNoLedger
@@ -166,6 +168,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 		res, err = fn(fctx)
 	}
 	returned = true
+	fctx.steps.end()
 	c.renewals.stop(&o.lease)
 	if p != nil {
 		if e, mine, v := p.close(); e != nil {

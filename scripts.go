@@ -29,6 +29,8 @@ var (
 	tombstoneSrc string
 	//go:embed lua/forget.lua
 	forgetSrc string
+	//go:embed lua/step.lua
+	stepSrc string
 
 	claimScript    = newScript(claimSrc)
 	completeScript = newScript(completeSrc)
@@ -36,6 +38,7 @@ var (
 	renewScript    = newScript(renewSrc)
 	statusScript   = newScript(statusSrc)
 	forgetScript   = newScript(forgetSrc)
+	stepScript     = newScript(stepSrc)
 )
 
 // script is a Lua script with its source at hand, for the pipelined EVAL

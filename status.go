@@ -107,10 +107,12 @@ func parseStatus(key string, v []any) (Status, error) {
 	return s, nil
 }
 
-// Forget deletes key's record, whatever its state, and its tombstone
-// (WithTombstones): the next Do runs fn as attempt 1. It is an operator's escape hatch (a stuck or wrong record);
-// forgetting a key whose operation ran lets a retry run it again. Waiters
-// of a forgotten in-progress key see ErrExpired.
+// Forget deletes key's record, whatever its state, its steps' checkpoints
+// (see Step) and its tombstone (WithTombstones): the next Do runs fn as
+// attempt 1, from its first step. It is an operator's escape hatch (a
+// stuck or wrong record); forgetting a key whose operation ran lets a
+// retry run it again. Waiters of a forgotten in-progress key see
+// ErrExpired.
 func (c *Client) Forget(ctx context.Context, key string) error {
 	if err := c.checkCall(ctx, key); err != nil {
 		return err
@@ -118,10 +120,10 @@ func (c *Client) Forget(ctx context.Context, key string) error {
 	rk := c.recordKey(key)
 	var err error
 	if c.tomb.on {
-		err = forgetScript.Run(ctx, c.rdb, []string{rk, c.tomb.base(c.cfg.prefix, rk)},
+		err = forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix, c.tomb.base(c.cfg.prefix, rk)},
 			tombstoneField(rk), c.tomb.span, c.tomb.window).Err()
 	} else {
-		err = forgetScript.Run(ctx, c.rdb, []string{rk}).Err()
+		err = forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix}).Err()
 	}
 	if err != nil {
 		return fmt.Errorf("idem: forget key %q: %w", key, err)

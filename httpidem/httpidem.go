@@ -111,6 +111,13 @@
 // it, then gives the handler a reader of the same bytes). Its request's
 // context carries the idem.Attempt (idem.AttemptFrom), and ends when the
 // client goes away or when idem's lease on the key is lost.
+//
+// # Outbound requests
+//
+// NewTransport is the other side: an http.RoundTripper for calls to
+// providers. Inside an idem call it sends the current idem.Step's key
+// (idem.StepKey) as the Idempotency-Key, the same on every attempt;
+// outside one it retries ambiguous failures with one key per request.
 package httpidem
 
 import (

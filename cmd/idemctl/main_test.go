@@ -286,6 +286,8 @@ func populate(t *testing.T, rdb *redis.Client, n int) (want map[string]int64, re
 	// Not idem's, or not readable: a hash under the prefix, keys outside it.
 	pipe.HSet(ctx, "idem:{a-hash}", "f", "v")
 	want[stUnreadable]++
+	// The checkpoints of idem.Step beside a record are not records.
+	pipe.HSet(ctx, "idem:{order-0}:steps", "charge", "d\xa2ok")
 	pipe.Set(ctx, "other:{x}", "x", 0)
 	pipe.Set(ctx, "idemx", "x", 0)
 	if _, err := pipe.Exec(ctx); err != nil {

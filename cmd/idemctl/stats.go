@@ -322,6 +322,7 @@ func scanNode(ctx context.Context, o options, node *redis.Client, scanned *atomi
 		if err != nil {
 			return nil, err
 		}
+		keys = records(keys)
 		if len(keys) > 0 {
 			if err := readBatch(ctx, node, keys, t, &seen, every); err != nil {
 				return nil, err
@@ -333,6 +334,19 @@ func scanNode(ctx context.Context, o options, node *redis.Client, scanned *atomi
 		}
 		cursor = next
 	}
+}
+
+// records drops from keys the hashes of steps' checkpoints (idem.Step),
+// <prefix>:{<key>}:steps, which match the records' pattern: a record's key
+// ends with its '}'.
+func records(keys []string) []string {
+	out := keys[:0]
+	for _, k := range keys {
+		if !strings.HasSuffix(k, "}:steps") {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 func readBatch(ctx context.Context, node *redis.Client, keys []string, t *tally, seen *int64, every int64) error {

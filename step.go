@@ -1,0 +1,339 @@
+// step.go: Step, StepKey and StepFrom: an fn made of steps checkpoints
+// each step's outcome beside the key's record (lua/step.lua), so that a
+// later attempt resumes after the last checkpointed step, and each step
+// has a stable key to forward to a downstream system.
+
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+)
+
+// Step runs fn once per operation as the step called name of the Do call
+// whose fn ctx belongs to, and checkpoints its outcome beside the key's
+// record before it returns: a later attempt (after a crash, a lost lease
+// or a transient error) gets the checkpoint and does not run fn again.
+// A result is stored as Do[T] stores one (T is checked before fn runs); an
+// error marked Permanent is stored and replayed as a *StoredError; any
+// other error is returned as it is, not checkpointed, and the step runs
+// again in the next attempt.
+//
+// A checkpoint is written only while the caller's attempt owns the key
+// (compare-and-set on its owner token): a stale owner gets fn's value and
+// an error wrapping ErrLeaseLost. When the checkpoint cannot be stored,
+// Step returns fn's value and an error wrapping ErrNotRecorded, and the
+// next attempt runs the step again; that window, between a step's effect
+// and its checkpoint, is covered only by the downstream system's own
+// idempotency: pass it StepKey(ctx, name).
+//
+// A step name is 1 to 256 bytes, used once per attempt. An empty or long
+// name, a name used twice, a Step called with the context of another
+// step's fn (steps do not nest), outside a Do call's fn or after it
+// returned get an error naming the step, and fn does not run. Steps of
+// one attempt may run concurrently under different names. A result over
+// WithMaxResultSize, or one that would take the operation's checkpoints
+// past 4 × WithMaxResultSize in all, is checkpointed as a permanent
+// failure wrapping ErrTooLarge.
+func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
+	s, err := stepsFor(ctx, name)
+	if err != nil {
+		return zero, err
+	}
+	if fn == nil {
+		return zero, fmt.Errorf("idem: step %q: nil fn", name)
+	}
+	codec := codecFor(reflect.TypeFor[T]())
+	if codec.err != nil {
+		return zero, fmt.Errorf("idem: step %q: %w", name, codec.err)
+	}
+	if err := s.reserve(name); err != nil {
+		return zero, err
+	}
+	if err := ctx.Err(); err != nil {
+		return zero, fmt.Errorf("idem: step %q not run: %w", name, causeOf(ctx, err))
+	}
+	if s.n > 1 {
+		// An earlier attempt may have checkpointed the step.
+		cp, found, err := s.load(ctx, name)
+		if err != nil {
+			return zero, err
+		}
+		if found {
+			if cp[0] == checkpointFailed {
+				return zero, readFailure(cp[1:])
+			}
+			var v T
+			if err := codec.decode([]byte(cp[1:]), &v); err != nil {
+				return zero, fmt.Errorf("%w: key %q, step %q: %s: %v", ErrDecode, s.key, name, codec.t, err)
+			}
+			return v, nil
+		}
+	}
+
+	v, err := fn(&stepCtx{Context: ctx, s: s, name: name})
+	if err != nil && !IsPermanent(err) {
+		return zero, err
+	}
+	if err != nil {
+		return zero, s.fail(ctx, name, err)
+	}
+	b, err := codec.encode(&v)
+	if err != nil {
+		// fn has acted: checkpoint the failure rather than run it again.
+		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w: key %q, step %q: %s: %v", ErrEncode, s.key, name, codec.t, err)))
+	}
+	max := s.c.cfg.maxResultSize
+	if len(b) > max {
+		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w (step %q)", tooLarge(len(b), max), name)))
+	}
+	cp := make([]byte, 0, 1+len(b))
+	cp = append(append(cp, checkpointDone), b...)
+	switch r, err := s.store(ctx, name, cp, stepsTotal*max); {
+	case err != nil:
+		return v, err
+	case r == stepOverTotal:
+		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w: step %q: the operation's checkpoints would take more than %d bytes",
+			ErrTooLarge, name, stepsTotal*max)))
+	}
+	return v, nil
+}
+
+// StepKey returns the key of the step called name of the operation whose
+// fn ctx belongs to: the same in every attempt, in every process,
+// different for every other (prefix, key, name), to forward to a
+// downstream system's idempotency (an Idempotency-Key header). It is
+// "idem-" and 32 characters of a-z and 2-7: the first 160 bits of the
+// SHA-256 of "idem.step\x00", the Client's prefix and the operation's key
+// (each after its length as a uvarint) and the name, in lower-case base32.
+// It returns "" outside a Do call's fn, and for an empty name.
+func StepKey(ctx context.Context, name string) string {
+	s, ok := ctx.Value(stepsKey{}).(*steps)
+	if !ok || name == "" {
+		return ""
+	}
+	return stepKey(s.c.cfg.prefix, s.key, name)
+}
+
+// StepFrom returns the name of the step whose fn ctx belongs to (see
+// Step). It reports false outside a step's fn.
+func StepFrom(ctx context.Context) (name string, ok bool) {
+	s, _ := ctx.Value(stepsKey{}).(*steps)
+	if sc := currentStep(ctx, s); sc != nil {
+		return sc.name, true
+	}
+	return "", false
+}
+
+const (
+	// maxStepName is the longest step name, in bytes.
+	maxStepName = 256
+	// stepsTotal is how many times WithMaxResultSize one operation's
+	// checkpoints may take in all.
+	stepsTotal = 4
+	// stepsSuffix follows the record's key in its checkpoints' key.
+	stepsSuffix = ":steps"
+
+	// The tags that start a checkpoint: a result, or a permanent failure
+	// (the payload of a failed record).
+	checkpointDone   = 'd'
+	checkpointFailed = 'f'
+
+	// The replies of lua/step.lua to a write.
+	stepNotOwner  = 0
+	stepStored    = 1
+	stepOverTotal = 2
+	stepTaken     = 3
+)
+
+// steps is the state of one attempt's steps, part of its fn's context
+// (attemptCtx), which own sets up.
+type steps struct {
+	c      *Client
+	key    string // the operation's
+	record string // the record's Redis key
+	token  string // the attempt owner's
+	n      int64  // the attempt number
+
+	mu    sync.Mutex
+	keys  []string            // guarded by mu; the record and its checkpoints, made by the first step
+	names map[string]struct{} // guarded by mu; the names used in this attempt
+	ended bool                // guarded by mu; fn returned
+}
+
+func (s *steps) init(c *Client, key, record, token string, n int64) {
+	s.c, s.key, s.record, s.token, s.n = c, key, record, token, n
+}
+
+// end notes that fn returned: later steps are refused.
+func (s *steps) end() {
+	s.mu.Lock()
+	s.ended = true
+	s.mu.Unlock()
+}
+
+type stepsKey struct{}
+
+// stepsFor returns the steps of the attempt that ctx belongs to, for a
+// step called name, or an error naming the step that says why it cannot
+// run there.
+func stepsFor(ctx context.Context, name string) (*steps, error) {
+	s, ok := ctx.Value(stepsKey{}).(*steps)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("idem: step %q called outside the fn of a Do call", name)
+	case name == "":
+		return nil, errors.New("idem: step with an empty name")
+	case len(name) > maxStepName:
+		return nil, fmt.Errorf("idem: step %.32q...: a name of %d bytes is longer than the limit of %d", name, len(name), maxStepName)
+	}
+	if sc := currentStep(ctx, s); sc != nil {
+		return nil, fmt.Errorf("idem: step %q called inside step %q: steps do not nest", name, sc.name)
+	}
+	return s, nil
+}
+
+// reserve claims name for a step of this attempt.
+func (s *steps) reserve(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return fmt.Errorf("idem: step %q called after its Do call's fn returned", name)
+	}
+	if _, dup := s.names[name]; dup {
+		return fmt.Errorf("idem: step %q used twice in one attempt: step names are unique within an operation", name)
+	}
+	if s.names == nil {
+		s.names = make(map[string]struct{})
+		s.keys = []string{s.record, s.record + stepsSuffix}
+	}
+	s.names[name] = struct{}{}
+	return nil
+}
+
+// load reads the checkpoint of the step called name, if one is stored.
+func (s *steps) load(ctx context.Context, name string) (cp string, found bool, err error) {
+	v, err := s.c.scripts.run(ctx, stepScript, s.keys, []any{s.token, name, "", 0}).Result()
+	if err != nil {
+		return "", false, fmt.Errorf("idem: step %q: reading its checkpoint (the step did not run): %w", name, err)
+	}
+	switch v := v.(type) {
+	case string:
+		if v == "" {
+			return "", false, nil
+		}
+		if v[0] != checkpointDone && v[0] != checkpointFailed {
+			return "", false, fmt.Errorf("%w: key %q, step %q: unknown checkpoint", ErrCorrupt, s.key, name)
+		}
+		return v, true, nil
+	case int64:
+		if v == stepNotOwner {
+			return "", false, fmt.Errorf("%w: step %q not run: another attempt owns the operation now", ErrLeaseLost, name)
+		}
+	}
+	return "", false, fmt.Errorf("idem: step %q: unexpected reply %v from the step script", name, v)
+}
+
+// fail checkpoints err, a permanent error of the step called name, and
+// returns it (joined with the reason it was not stored, if it was not).
+func (s *steps) fail(ctx context.Context, name string, err error) error {
+	p := failurePayload(err, s.c.cfg.maxResultSize)
+	cp := make([]byte, 0, 1+len(p))
+	cp = append(append(cp, checkpointFailed), p...)
+	if _, serr := s.store(ctx, name, cp, 0); serr != nil {
+		return errors.Join(serr, err)
+	}
+	return err
+}
+
+// store writes the checkpoint cp of the step called name, when the
+// checkpoints would take at most limit bytes in all (0: no limit), with a
+// detached context, retrying until the store timeout, as complete does:
+// the step has acted. It returns the script's reply, stepStored or
+// stepOverTotal, or an error that says why cp was not stored.
+func (s *steps) store(ctx context.Context, name string, cp []byte, limit int) (int64, error) {
+	dctx := s.c.bounds.detached(ctx)
+	var lastErr error
+	for try, pause := 0, 20*time.Millisecond; ; try++ {
+		r, err := s.c.write(dctx, stepScript, s.keys, s.token, name, cp, limit).Int64()
+		switch {
+		case err == nil && (r == stepStored || r == stepOverTotal):
+			return r, nil
+		case err == nil && r == stepNotOwner:
+			return r, fmt.Errorf("%w: step %q: another attempt owns the operation now; the step's checkpoint was not stored", ErrLeaseLost, name)
+		case err == nil && r == stepTaken:
+			return r, fmt.Errorf("%w: step %q: another checkpoint is stored under its name", ErrNotRecorded, name)
+		case err == nil:
+			return r, fmt.Errorf("%w: step %q: unexpected reply %d from the step script", ErrNotRecorded, name, r)
+		case errors.Is(err, ErrNotReplicated):
+			return r, fmt.Errorf("%w: step %q: %w", ErrNotRecorded, name, err)
+		}
+		if lastErr == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+			lastErr = err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-dctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("%w: step %q: its checkpoint, after %d tries: %w", ErrNotRecorded, name, try+1, lastErr)
+		case <-t.C:
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// stepCtx is the context of a step's fn: ctx with the step's name.
+type stepCtx struct {
+	context.Context
+	s    *steps
+	name string
+}
+
+type currentStepKey struct{}
+
+func (c *stepCtx) Value(key any) any {
+	if _, ok := key.(currentStepKey); ok {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+// currentStep returns the step of s whose fn ctx belongs to, or nil: a
+// step of another Do call (one nested in a step) does not count.
+func currentStep(ctx context.Context, s *steps) *stepCtx {
+	sc, _ := ctx.Value(currentStepKey{}).(*stepCtx)
+	if sc == nil || s == nil || sc.s != s {
+		return nil
+	}
+	return sc
+}
+
+// causeOf is err, the error of a context that ended, with its cause when
+// that says more (ErrLeaseLost).
+func causeOf(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w: %w", err, cause)
+	}
+	return err
+}
+
+// stepKey derives StepKey's key (see there).
+func stepKey(prefix, key, name string) string {
+	b := make([]byte, 0, 32+len(prefix)+len(key)+len(name))
+	b = append(b, "idem.step\x00"...)
+	b = append(binary.AppendUvarint(b, uint64(len(prefix))), prefix...)
+	b = append(binary.AppendUvarint(b, uint64(len(key))), key...)
+	b = append(b, name...)
+	sum := sha256.Sum256(b)
+	return "idem-" + stepKeyEncoding.EncodeToString(sum[:20])
+}
+
+var stepKeyEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)

@@ -1,0 +1,52 @@
+package idem_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// BenchmarkSteps measures Do on a new key whose fn runs three steps,
+// beside the same Do with no step, in one run: a step costs about one
+// script call (its checkpoint), pipelined with concurrent calls'.
+func BenchmarkSteps(b *testing.B) {
+	srv := benchRedis(b)
+	ctx := context.Background()
+	one := func(context.Context) (int, error) { return 1, nil }
+	for _, tc := range []struct {
+		name string
+		fn   func(context.Context) (int, error)
+	}{
+		{"no-steps", one},
+		{"3-steps", func(ctx context.Context) (int, error) {
+			sum := 0
+			for _, name := range []string{"reserve", "charge", "notify"} {
+				v, err := idem.Step(ctx, name, one)
+				if err != nil {
+					return 0, err
+				}
+				sum += v
+			}
+			return sum, nil
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := benchIdem(b, srv.addr, idem.WithRetention(time.Minute))
+			prefix := "s" + strconv.FormatInt(benchRuns.Add(1), 10) + ":"
+			n := 0
+			if _, err := idem.Do(ctx, c, prefix+"warm", "", tc.fn); err != nil { // caches the scripts
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				n++
+				if _, err := idem.Do(ctx, c, prefix+strconv.Itoa(n), "", tc.fn); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -28,12 +28,14 @@
 //	retry after a 5xx response                    any     the handler runs again (5xx is not stored)
 //	key reused with another request               422     problem+json, ProblemKeyReused
 //	first request still running after the wait    409     problem+json, ProblemInProgress, Retry-After
+//	  (the Client's idem.WithWait, 10s by default)
 //	key empty, too long, not visible ASCII,       400     problem+json, ProblemKeyInvalid
 //	  or sent twice
 //	key missing under WithRequired                400     problem+json, ProblemKeyMissing
 //	body over WithMaxBody                         413     problem+json, ProblemBodyTooLarge
 //	body unreadable, or WithFingerprint failed    400     problem+json, ProblemBadRequest
-//	WithScope failed                              401     problem+json, ProblemScope (or the error's StatusCode())
+//	WithScope failed                              401     problem+json, ProblemScope (or the error's StatusCode());
+//	                                                      WWW-Authenticate from Unauthenticated
 //	retry after a response too large to store     500     problem+json, ProblemNotStored
 //	the handler ran, its response not recorded    500     problem+json, ProblemNotRecorded
 //	stored record unreadable, or other failure    500     problem+json, ProblemServerError

@@ -72,6 +72,7 @@ func Example_prometheus() {
 	// idem_calls_total{idem_outcome="executed"} 1
 	// idem_calls_total{idem_outcome="failed"} 0
 	// idem_calls_total{idem_outcome="in_progress"} 0
+	// idem_calls_total{idem_outcome="late_retry"} 0
 	// idem_calls_total{idem_outcome="lease_lost"} 0
 	// idem_calls_total{idem_outcome="not_recorded"} 0
 	// idem_calls_total{idem_outcome="released"} 0

@@ -63,6 +63,7 @@ type Pending struct {
 	key, fp   string // the idempotency key and its fingerprint digest
 	n         int64  // the attempt
 	maxResult int
+	ledger    Ledger // the Client's (WithLedger)
 
 	mu     sync.Mutex
 	encode func(v any) ([]byte, error) // guarded by mu; Do[T]'s, nil for Client.Do
@@ -113,6 +114,12 @@ func (p *Pending) usable() error {
 
 // Key returns the call's idempotency key.
 func (p *Pending) Key() string { return p.key }
+
+// Ledger returns the Client's ledger (WithLedger). A commit helper that is
+// not given its ledger (idemsql.Commit takes only fn's context and the
+// transaction) learns from it where to write (its table, its SQL) and
+// checks that it is one of its own kind.
+func (p *Pending) Ledger() Ledger { return p.ledger }
 
 // Entry encodes v as the call's outcome, exactly as Do stores a result:
 // for Do[T], v must be a T (encoded with msgpack); for Client.Do, a

@@ -509,3 +509,26 @@ func TestLedgerConcurrentCallers(t *testing.T) {
 		}
 	})
 }
+
+// A commit helper that is given only fn's context finds the Client's
+// ledger through the Pending (idemsql.Commit's case: its table is the
+// ledger's).
+func TestLedgerPendingNamesTheLedger(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l))
+		_, err := c.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+			p, err := idem.PendingFrom(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if got, ok := p.Ledger().(*memLedger); !ok || got != l {
+				t.Errorf("Pending.Ledger() = %v, want the Client's ledger", p.Ledger())
+			}
+			return []byte("r"), commit(ctx, l, []byte("r"))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+}

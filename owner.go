@@ -134,7 +134,7 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	fctx.steps.init(c, key, keys[0], token, n)
 	var p *Pending
 	if c.cfg.ledger != nil {
-		p = &Pending{key: key, fp: fp, n: n, maxResult: c.cfg.maxResultSize}
+		p = &Pending{key: key, fp: fp, n: n, maxResult: c.cfg.maxResultSize, ledger: c.cfg.ledger}
 		fctx.pending = p
 	}
 	o.lease = renewal{ctx: fctx, keys: keys[:1], token: token,

@@ -1,39 +1,92 @@
 /*
  * idem.pml: idem's protocol (the scripts claim, renew, complete and release
- * on one Redis record, and the owner path that keeps a local lease
- * deadline), as a Promela model checked by spin. model/README.md says how
- * to run it, its bounds, its mutants and its reachability witnesses.
+ * on one Redis record, the owner path that keeps a local lease deadline,
+ * waiters woken by notifications, step checkpoints and tombstones), as a
+ * Promela model checked by spin. model/README.md says how to run it, its
+ * configurations and bounds, its mutants and its reachability witnesses.
  *
  * One key, NC callers. Each caller is one Do call with its own owner token
  * (token = caller number + 1). A discrete global clock (process Clock)
- * ticks. Every duration is a count of ticks kept relative to the present
- * (time left, time since, capped where more makes no difference), so the
- * state space is finite without a time horizon and runs may last for ever.
- * The absolute time, `clock`, is hidden: printed in trails, not part of the
- * state.
+ * ticks: the server's time. Every duration is a count of ticks kept
+ * relative to the present (time left, time since, capped where more makes
+ * no difference), so the state space is finite without a time horizon and
+ * runs may last for ever. The absolute time, `clock`, is hidden: printed in
+ * trails, not part of the state.
  *
  * Each Lua script is one atomic step (d_step), run "by the server" in the
- * process of the caller that sent it. A request runs when it is sent; its
- * reply is received in a later step, and the clock may tick any number of
- * times in between: a reply delayed, longer than a lease included. (A
- * request that runs later than it was sent is the same as one sent later
- * by a caller that counts its lease from the earlier send: only safer; see
- * model/README.md.) A reply lost and the request re-sent by go-redis is a
- * second run of the same request, any number of ticks later; the caller
- * gets the last run's reply and counts from the first send. A caller may
- * pause for any number of ticks (it takes no step while the clock ticks);
- * a crash is a pause that never ends (no caller is ever forced to take a
- * step). The record expires once its TTL has passed; Forget deletes it at
- * any time.
+ * process of the caller that sent it. A request runs when it is sent, or
+ * never (lost before the server saw it); its reply is received in a later
+ * step, and the clock may tick any number of times in between: a reply
+ * delayed, longer than a lease included. (A request that runs later than
+ * it was sent is the same as one sent later by a caller that counts its
+ * lease from the earlier send: only safer; see model/README.md.) A reply
+ * lost and the request re-sent by go-redis is a second run of the same
+ * request, any number of ticks later; the caller gets the last run's reply
+ * and counts from the first send. A caller may pause for any number of
+ * ticks (it takes no step while the clock ticks); a crash is a pause that
+ * never ends (no caller is ever forced to take a step). The record expires
+ * once its TTL has passed; Forget deletes it at any time. A caller's clock
+ * may run slow (DRIFT): it loses up to DRIFT ticks in any LEASE ticks.
  *
- * Compile-time switches: LIVE (the restricted run for P6), M1..M10 and ML1
- * (known-bad variants: the mutants), W1..W14 (reachability witnesses),
- * NOFORGET (no Forget: the mutants' runs, so that their counterexamples
- * need no operator's action).
+ * Configurations (below): the default (main), RENEWALS, FINE and LIVE.
+ * Other switches: M1..M20 and ML1 (known-bad variants: the
+ * mutants), WIT=n (reachability witness Wn), NOFORGET (no Forget: the
+ * mutants' runs, so that their counterexamples need no operator's action),
+ * ONLY=n (check property Pn alone: a mutant must be refuted by the
+ * property it breaks, not by another), NOWAITERS, NOSTEPS, NOTOMB.
  */
 
+/* ---- Configurations ---------------------------------------------------- */
+/* The default (main): 3 callers, lease 3 ticks, margin 0, exact clocks,
+ * one renewal in flight at a time, waiters and tombstones. RENEWALS: 2
+ * callers, lease 3 ticks, two renewals in flight, steps and tombstones.
+ * FINE: 2 callers, lease 6 ticks, margin 1, clocks that drift, one renewal
+ * in flight. LIVE: the restricted run for P6. Every configuration but LIVE
+ * has every fault above. */
+#if defined(LIVE)
+#define NC_     3
+#define LEASE_  6       /* a lease of 6 ticks, so that replies may come a tick late */
+#define MARGIN_ 0
+#define DRIFT   0
+#define MAXR_   1
+#define RET_    12
+#elif defined(FINE)
+#define NC_     2
+#define LEASE_  6       /* a third is 2 ticks: "renew first" fires at 1 tick left too */
+#define MARGIN_ 1       /* the owner's margin, for its clock's drift */
+#define DRIFT   1       /* a caller's clock loses up to 1 tick in any LEASE ticks */
+#define MAXR_   1
+#define RET_    8
+#elif defined(RENEWALS)
+#define NC_     2
+#define LEASE_  3
+#define MARGIN_ 0
+#define DRIFT   0
+#define MAXR_   2       /* two renewals in flight (the code's maxPendingRenewals) */
+#define RET_    6
+#ifndef NOSTEPS
+#define STEPS           /* fn checkpoints a step */
+#endif
+#ifndef NOTOMB
+#define TOMB            /* completion leaves a tombstone */
+#endif
+#else
+#define NC_     3
+#define LEASE_  3
+#define MARGIN_ 0       /* exact clocks: no margin needed (FINE has both) */
+#define DRIFT   0
+#define MAXR_   1
+#define RET_    6
+#ifndef NOWAITERS
+#define WAITERS         /* a waiter takes an outcome from a notification */
+#endif
+#ifndef NOTOMB
+#define TOMB            /* completion leaves a tombstone */
+#endif
+#endif
+
 #ifndef NC
-#define NC      3       /* callers: 3 (2 for experiments) */
+#define NC      NC_     /* callers */
 #endif
 #if NC == 3
 #define AND_C2(e) && (e)
@@ -43,16 +96,14 @@
 #define SEQ_C2(s)
 #endif
 #ifndef LEASE
-#ifdef LIVE
-#define LEASE   6       /* LIVE: a lease of 6 ticks, so that replies may come a tick late */
-#else
-#define LEASE   3       /* lease, in ticks */
-#endif
+#define LEASE   LEASE_  /* lease, in ticks */
 #endif
 #define THIRD   (LEASE / 3) /* the renewal period, and the least lease left to start fn */
-#define MARGIN  0       /* the owner's margin (the code: lease/32, for clock drift; the model's clock is shared) */
+#ifndef MARGIN
+#define MARGIN  MARGIN_ /* the owner's margin (the code: lease/32), taken off its deadline */
+#endif
 #ifndef RET
-#define RET     12      /* retention: the TTL of a finished record, in ticks */
+#define RET     RET_    /* retention: the TTL of a finished record, in ticks */
 #endif
 #ifndef MAXN
 #define MAXN    4       /* bound: at most MAXN attempts per record lifetime */
@@ -75,7 +126,18 @@ hidden byte P2_done_never_overwritten = 1;
 hidden byte P3_stale_completion_fenced = 1;
 hidden byte P4_attempt_numbers_unique = 1;
 hidden byte P5_acked_outcome_replayed = 1;
+hidden byte P7_cancelled_context_stays_cancelled = 1;
+hidden byte P8_waiter_outcome_from_named_owner = 1;
+hidden byte P9_step_checkpoint_once_by_owner = 1;
+hidden byte P10_no_grant_over_tombstone = 1;
 hidden byte WITNESS_reached = 1;
+
+/* ONLY=n: property Pn alone is checked (a mutant's run). */
+#ifdef ONLY
+#define ON(n) (ONLY == n)
+#else
+#define ON(n) 1
+#endif
 
 /* ---- The record (one key) ---------------------------------------------- */
 #define ABS 0   /* absent */
@@ -98,12 +160,33 @@ byte rttl;      /* D: TTL left, in ticks; the record expires when it reaches 0 *
 #ifdef ML1
 bit  rremark;   /* ML1: renew rewrote the record's bytes */
 #endif
+#ifdef WAITERS
+byte rout;      /* D: whose fn produced the outcome stored (the header's token, rown, unless M3) */
+#endif
+#ifdef STEPS
+byte ck;        /* the operation's step checkpoint: 0 none, else the token that wrote it.
+                 * It lives in the key's slot as long as the record (expiry and Forget
+                 * take both); a finished record's checkpoints are never read */
+#ifdef M20
+bit  ckk;       /* M20: the checkpoints' TTL is at least the record's (set by the step
+                 * script; a renewal or a takeover resets the record's TTL alone) */
+#endif
+#endif
+#ifdef TOMB
+#define TOMBSTONE rtomb
+bit  rtomb;      /* a tombstone: the operation completed; it outlives the record */
+#else
+#define TOMBSTONE 0
+#endif
 
 /* Checking aids (not part of the protocol). */
 byte used;          /* P4: attempt numbers handed out while the record lives (bit n) */
 bit  ackok[NC];     /* P5: the last run of c's completion answered 1 on a record that still lives */
 bit  acked[NC];     /* P5: c received 1 for its completion, and that record still lives */
 bit  fgt[NC];       /* P1: c's claim was of a record that Forget deleted (exempt from P1) */
+#ifdef STEPS
+bit  ckw;           /* P9: a checkpoint was written in this operation (this life of the record) */
+#endif
 #ifdef LIVE
 bit  completed;     /* P6: some completion was stored */
 #endif
@@ -112,7 +195,7 @@ hidden byte fnage[NC];  /* W10: ticks since fn started */
 hidden byte attempt[NC];/* trails: the attempt a caller claimed */
 
 /* ---- The callers ------------------------------------------------------- */
-#define IDLE    0   /* about to send a claim (a new Do call, or again after "busy") */
+#define IDLE    0   /* about to send a claim (a new Do call, or again after "busy": waiting) */
 #define CLAIMW  1   /* claim sent (and run), waiting for its reply */
 #define PRERENW 2   /* claimed with < LEASE/3 left: one renewal sent before fn */
 #define FN      3   /* fn started (its context live, or cancelled) */
@@ -123,6 +206,7 @@ hidden byte attempt[NC];/* trails: the attempt a caller claimed */
 #define K_DONE   2  /* a finished record: its outcome is replayed */
 #define K_FRESH  3  /* "claimed n": the whole lease */
 #define K_BEFORE 4  /* "claimed before, n, lease left": a re-sent claim */
+#define K_LATE   5  /* no record but a tombstone: ErrLateRetry (or ErrConflict) */
 
 byte pc[NC];
 byte el[NC];      /* CLAIMW: ticks since the claim was sent, while it may run again (capped at LEASE) */
@@ -133,90 +217,74 @@ byte cdl[NC];     /* claim reply K_FRESH or K_BEFORE: the local deadline it give
                    * LEASE - MARGIN, or the lease left - MARGIN */
 byte dl[NC];      /* the owner's local deadline, in ticks left (0 = passed) */
 bit  live[NC];    /* fn's context is live: fn runs and its context is not cancelled */
-bit  rs[NC];      /* a renewal is in flight: sent, run, its reply not received yet */
-bit  rrep[NC];    /* its reply */
-byte rel[NC];     /* ticks since it was sent (capped at LEASE) */
 bit  relp[NC];    /* a release was sent in the background and has not run yet */
+
+/* Renewals in flight: up to two per caller (the code's maxPendingRenewals),
+ * in slots S0(c) and S1(c), the older in S0. */
+#define S0(c) (2 * (c))
+#define S1(c) (2 * (c) + 1)
+#define RV_FREE 0   /* no renewal in this slot */
+#define RV_RAN0 1   /* it ran and answered 0 (not ours); the reply is on its way */
+#define RV_RAN1 2   /* it ran and answered 1 (renewed); the reply is on its way */
+#define RV_LOST 3   /* lost before the server saw it: its reply will be an error */
+byte rv[2 * NC];
+byte rel[2 * NC]; /* ticks since that renewal was sent (counted while it may move the deadline; capped at LEASE) */
+#ifdef M15
+bit  rsec[2 * NC];/* M15: it was sent while another was in flight */
+#endif
+#ifdef M16
+byte ls[NC];      /* M16: ticks since the latest renewal was sent (one shared lastSent) */
+#endif
+
+#ifndef MAXR
+#define MAXR    MAXR_   /* bound: renewals in flight at once (the code: maxPendingRenewals = 2) */
+#endif
+
 #ifdef LIVE
 byte fnt[NC];     /* LIVE: ticks since fn started (capped at FNMAX) */
+#endif
+
+#if DRIFT > 0
+/* A slow clock: the caller's local counters (el, cdl, dl, rel) skip a
+ * tick. At most DRIFT = 1 skipped tick in any LEASE ticks: sk counts the
+ * ticks since the last one. Only the ticks after a send count for the
+ * deadline that the send dates, so sk restarts (at LEASE: free to skip)
+ * while the caller keeps no time. */
+bit  slip[NC];    /* c's clock loses the next tick */
+byte sk[NC];      /* ticks since c's clock last lost one (capped at LEASE) */
+#endif
+
+#ifdef WAITERS
+/* One caller, WATCHER (the last; the others poll: callers are alike), is a
+ * waiter: told busy with owner token wown, it watches the key's channel
+ * until it owns or returns. The channel is lossy and reorders: every
+ * completion publishes (owner token, outcome) to each watcher's mailbox,
+ * which holds one message: a message published while it is full is lost
+ * (so an older message may be taken after a newer one was published), and
+ * any message may be lost before it is taken. */
+#define WATCHER (NC - 1)
+byte wown;        /* the owner token that the watcher's last busy reply named; 0 = not watching */
+byte mb;          /* its mailbox: 0, or MSG(header token, whose outcome) */
+#define MSG(h, o) ((h) * 4 + (o))
+#define MSG_HDR(m) ((m) / 4)
+#define MSG_OUT(m) ((m) % 4)
+byte bo;          /* the owner token in the watcher's last busy reply */
+#endif
+
+#ifdef STEPS
+byte sp[NC];      /* fn's step: 0 not reached, 1 ran (its checkpoint to write), 2 done */
 #endif
 
 #define TOK(c)  ((c) + 1)
 #define NAME(c) ('A' + (c))
 
 /* ---- Witnesses ---------------------------------------------------------- */
-/* Witnesses: with Wn defined, an assertion fails where the event is
- * reached, and the trail shows how. */
-#define WITNESS(w, cond) assert(WITNESS_reached && !(w && (cond)))
-#ifdef W1
-#define W1_ 1
+/* Witnesses: with WIT=n, an assertion fails where event Wn is reached, and
+ * the trail shows how. */
+#ifdef WIT
+#define WITNESS(n, cond) assert(WITNESS_reached && !(WIT == n && (cond)))
 #else
-#define W1_ 0
-#endif
-#ifdef W2
-#define W2_ 1
-#else
-#define W2_ 0
-#endif
-#ifdef W3
-#define W3_ 1
-#else
-#define W3_ 0
-#endif
-#ifdef W4
-#define W4_ 1
-#else
-#define W4_ 0
-#endif
-#ifdef W5
-#define W5_ 1
-#else
-#define W5_ 0
-#endif
-#ifdef W6
-#define W6_ 1
-#else
-#define W6_ 0
-#endif
-#ifdef W7
-#define W7_ 1
-#else
-#define W7_ 0
-#endif
-#ifdef W8
-#define W8_ 1
-#else
-#define W8_ 0
-#endif
-#ifdef W9
-#define W9_ 1
-#else
-#define W9_ 0
-#endif
-#ifdef W10
-#define W10_ 1
-#else
-#define W10_ 0
-#endif
-#ifdef W11
-#define W11_ 1
-#else
-#define W11_ 0
-#endif
-#ifdef W12
-#define W12_ 1
-#else
-#define W12_ 0
-#endif
-#ifdef W13
-#define W13_ 1
-#else
-#define W13_ 0
-#endif
-#ifdef W14
-#define W14_ 1
-#else
-#define W14_ 0
+#define WITNESS(n, cond) skip
 #endif
 
 /* ---- Properties -------------------------------------------------------- */
@@ -224,42 +292,84 @@ byte fnt[NC];     /* LIVE: ticks since fn started (capped at FNMAX) */
 #define ACK_OK(c) (!acked[c] || (rst == D && rown == TOK(c)))
 
 /* P1, when fn starts (a context only becomes live there, and once
- * cancelled it stays cancelled): no other caller's fn context is live. */
+ * cancelled it stays cancelled: P7): no other caller's fn context is live. */
 #define NOT_LIVE_AT_ALL(k, c) (k == c || !live[k])
 inline check_P1(c) {
-	assert(P1_at_most_one_live_fn && (fgt[c] || (NOT_LIVE(0, c) && NOT_LIVE(1, c) AND_C2(NOT_LIVE(2, c)))));
-	WITNESS(W13_, !(NOT_LIVE_AT_ALL(0, c) && NOT_LIVE_AT_ALL(1, c) AND_C2(NOT_LIVE_AT_ALL(2, c))))
+	assert(P1_at_most_one_live_fn && (!ON(1) || fgt[c] || (NOT_LIVE(0, c) && NOT_LIVE(1, c) AND_C2(NOT_LIVE(2, c)))));
+	WITNESS(13, !(NOT_LIVE_AT_ALL(0, c) && NOT_LIVE_AT_ALL(1, c) AND_C2(NOT_LIVE_AT_ALL(2, c))))
 }
 /* P2, at every write: the record replaced is not finished (expiry and
  * Forget make it absent first). */
 inline check_P2() {
-	assert(P2_done_never_overwritten && rst != D)
+	assert(P2_done_never_overwritten && (!ON(2) || rst != D))
 }
 /* P3, when a completion is stored: it replaces the completing caller's own
  * claim (a newer owner's claim has another token and a higher attempt). */
 inline check_P3(c) {
-	assert(P3_stale_completion_fenced && rst == P && rown == TOK(c))
+	assert(P3_stale_completion_fenced && (!ON(3) || (rst == P && rown == TOK(c))))
 }
 /* P4, when a claim hands out attempt n: n was not handed out before while
  * the record lives. */
 inline check_P4(n) {
-	assert(P4_attempt_numbers_unique && (used & (1 << (n))) == 0);
+	assert(P4_attempt_numbers_unique && (!ON(4) || (used & (1 << (n))) == 0));
 	used = used | (1 << (n))
 }
 /* P5, at every run of a claim: every caller whose completion was
  * acknowledged finds its outcome stored, unless the record expired or was
  * forgotten since. */
 inline check_P5() {
-	assert(P5_acked_outcome_replayed && ACK_OK(0) && ACK_OK(1) AND_C2(ACK_OK(2)))
+	assert(P5_acked_outcome_replayed && (!ON(5) || (ACK_OK(0) && ACK_OK(1) AND_C2(ACK_OK(2)))))
+}
+/* P7, wherever a context is made live: it is not a context of this fn that
+ * was cancelled (in FN, not live means cancelled). Go's contract, which
+ * fn relies on: once Done is closed, it stays closed. */
+inline make_live(c) {
+	assert(P7_cancelled_context_stays_cancelled && (!ON(7) || !(pc[c] == FN && !live[c])));
+	live[c] = 1
+}
+#ifdef WAITERS
+/* P8, when a waiter returns an outcome that a notification carried: it is
+ * the outcome stored by the owner whose token the waiter's busy reply
+ * named (its fn produced it), not another attempt's or operation's. */
+inline check_P8(out) {
+	assert(P8_waiter_outcome_from_named_owner && (!ON(8) || out == wown))
+}
+#endif
+#ifdef STEPS
+/* P9, when a step's checkpoint is written: none was written before in this
+ * operation (this life of the record), and the writer owns the record's
+ * claim (not a stale owner). */
+inline check_P9(c) {
+	assert(P9_step_checkpoint_once_by_owner && (!ON(9) || (!ckw && rst == P && rown == TOK(c))));
+	ckw = 1
+}
+#endif
+/* P10, when a claim grants: no tombstone lives (a completed operation's
+ * key is never claimed again until its tombstone ends or is forgotten). */
+inline check_P10() {
+#ifdef TOMB
+	assert(P10_no_grant_over_tombstone && (!ON(10) || !rtomb))
+#else
+	skip
+#endif
 }
 
 /* The record is gone (retention expiry, Forget): what was stored is lost by
  * design, and P4 and P5 start again. */
 inline record_gone() {
-	WITNESS(W14_, acked[0] || acked[1] AND_C2(acked[2]));
+	WITNESS(14, acked[0] || acked[1] AND_C2(acked[2]));
 	rst = ABS; rown = 0; rn = 0; rlease = 0; rttl = 0;
 #ifdef ML1
 	rremark = 0;
+#endif
+#ifdef WAITERS
+	rout = 0;
+#endif
+#ifdef STEPS
+	ck = 0; ckw = 0;
+#endif
+#ifdef M20
+	ckk = 0;
 #endif
 	used = 0;
 	ackok[0] = 0; ackok[1] = 0 SEQ_C2(ackok[2] = 0);
@@ -268,20 +378,35 @@ inline record_gone() {
 
 /* ---- The scripts (lua/*.lua), each one atomic step -------------------- */
 
+/* A live lease has more than LIVE_ABOVE ticks left. */
+#ifdef M12
+#define LIVE_ABOVE 1 /* M12: a claim takes over with one tick of lease left */
+#else
+#define LIVE_ABOVE 0
+#endif
 /* The claim would take the record over: released, or a lease that ended. */
-#define TAKES_OVER(c) ((rst == P && rown != TOK(c) && rlease == 0) || rst == R)
+#define TAKES_OVER(c) ((rst == P && rown != TOK(c) && rlease <= LIVE_ABOVE) || rst == R)
 /* Bound MAXN: a takeover past it is not explored (the claim is not sent). */
 #ifdef M7
 #define CLAIM_RUNNABLE(c) 1
 #else
 #define CLAIM_RUNNABLE(c) (!TAKES_OVER(c) || rn < MAXN)
 #endif
+#if defined(TOMB) && !defined(M19)
+#define LATE (rst == ABS && rtomb)
+#else
+#define LATE 0 /* M19: a claim grants over a tombstone */
+#endif
 
 /* Model: step Claim (lua/claim.lua), run el[c] ticks after it was sent. */
 inline claim_script(c) {
 	check_P5();
 	if
-	:: rst == ABS ->
+	:: LATE ->
+		WITNESS(24, 1);
+		rk[c] = K_LATE; cdl[c] = 0
+	:: rst == ABS && !LATE ->
+		check_P10();
 		check_P4(1);
 		rst = P; rown = TOK(c); rn = 1; rlease = LEASE;
 #ifdef M9
@@ -291,23 +416,33 @@ inline claim_script(c) {
 	:: rst == D ->
 		rk[c] = K_DONE; cdl[c] = 0
 	:: rst == P && rown == TOK(c) ->
-		WITNESS(W2_, rlease == 0);
+		WITNESS(2, rlease == 0);
 		rk[c] = K_BEFORE;
 		if
 		:: rlease > MARGIN + el[c] -> cdl[c] = rlease - MARGIN - el[c]
 		:: else -> cdl[c] = 0
 		fi
-	:: rst == P && rown != TOK(c) && rlease > 0 ->
+	:: rst == P && rown != TOK(c) && rlease > LIVE_ABOVE ->
 		rk[c] = K_BUSY; cdl[c] = 0
+#ifdef WAITERS
+		; if
+		:: c == WATCHER -> bo = rown
+		:: else
+		fi
+#endif
 	:: else -> /* TAKES_OVER(c) */
 		check_P2();
-		WITNESS(W4_, rst == P && pc[rown - 1] == FN);
+		check_P10();
+		WITNESS(4, rst == P && pc[rown - 1] == FN);
 #ifndef M7
 		rn = rn + 1;
 #endif
 		/* M7: a takeover keeps the attempt number */
 		check_P4(rn);
 		rst = P; rown = TOK(c); rlease = LEASE;
+#ifdef M20
+		ckk = 0;
+#endif
 #ifdef M9
 		rttl = RET;
 #endif
@@ -319,18 +454,21 @@ inline claim_script(c) {
 	attempt[c] = rn
 }
 
-/* Model: step Renew (lua/renew.lua). */
-inline renew_script(c) {
+/* Model: step Renew (lua/renew.lua), the renewal in slot s. */
+inline renew_script(c, s) {
 	if
 	:: rst == P && rown == TOK(c) ->
-		WITNESS(W3_, rlease == 0);
+		WITNESS(3, rlease == 0);
 		rlease = LEASE;
 		/* M9: the lease is extended, the TTL is not reset */
+#ifdef M20
+		ckk = 0; /* the record's TTL is reset; the checkpoints' is not */
+#endif
 #ifdef ML1
 		rremark = 1;
 #endif
-		rrep[c] = 1
-	:: else -> rrep[c] = 0
+		rv[s] = RV_RAN1
+	:: else -> rv[s] = RV_RAN0
 	fi
 }
 
@@ -357,6 +495,19 @@ inline renew_script(c) {
 #define COMPLETE_REPEAT(c) (rst == D && rown == TOK(c))
 #endif
 
+#ifdef WAITERS
+/* complete.lua publishes the finished record, its header's token (the
+ * record's owner) and the outcome, into the watcher's mailbox; lost when
+ * the mailbox is full. */
+inline publish() {
+	if
+	:: wown != 0 && mb == 0 -> mb = MSG(rown, rout)
+	:: wown != 0 && mb != 0 -> WITNESS(19, 1)
+	:: else
+	fi
+}
+#endif
+
 inline complete_script(c) {
 	if
 	:: COMPLETE_CAS(c) ->
@@ -366,14 +517,27 @@ inline complete_script(c) {
 #ifdef LIVE
 		completed = 1;
 #endif
+#ifdef STEPS
+		ck = 0; ckw = 0;
+#endif
+#ifdef M20
+		ckk = 0;
+#endif
+#ifdef TOMB
+		rtomb = 1;
+#endif
+#ifdef WAITERS
+		rout = TOK(c);
+		publish();
+#endif
 		rk[c] = 1; ackok[c] = 1
 	:: else ->
 		if
 		:: COMPLETE_REPEAT(c) ->
-			WITNESS(W8_, nx[c] == 2);
+			WITNESS(8, nx[c] == 2);
 			rk[c] = 1; ackok[c] = 1
 		:: else ->
-			WITNESS(W9_, rst == P && rown != TOK(c));
+			WITNESS(9, rst == P && rown != TOK(c));
 			rk[c] = 0; ackok[c] = 0
 		fi
 	fi
@@ -387,14 +551,48 @@ inline complete_script(c) {
 #define RELEASE_OWN(c) (rst == P && rown == TOK(c))
 #endif
 inline release_script(c) {
-	WITNESS(W11_, rst == P && rown != TOK(c));
+	WITNESS(11, rst == P && rown != TOK(c));
 	if
 	:: RELEASE_OWN(c) ->
 		check_P2();
 		rst = R; rlease = 0 /* the TTL is kept; a released record's lease is never read */
+#ifdef M11
+	/* M11: a release deletes a finished record (not an expiry: what was
+	 * acknowledged is lost) */
+	:: rst == D ->
+		check_P2();
+		rst = ABS; rown = 0; rn = 0; rttl = 0; used = 0
+#ifdef WAITERS
+		; rout = 0
+#endif
+#endif
 	:: else
 	fi
 }
+
+#ifdef STEPS
+/* Model: step Step (lua/step.lua, a write): compare-and-set on the owner's
+ * claim, in progress; a checkpoint once stored is never replaced. */
+#ifdef M18
+#define STEP_CAS(c) (rst == P && ck == 0) /* M18: no compare-and-set on the owner token */
+#else
+#define STEP_CAS(c) (rst == P && rown == TOK(c) && ck == 0)
+#endif
+inline checkpoint_script(c) {
+	if
+	:: STEP_CAS(c) ->
+		check_P9(c);
+		ck = TOK(c);
+#ifdef M20
+		ckk = 1;
+#endif
+		printf("t=%d %c: step checkpoint written\n", clock, NAME(c))
+	:: else ->
+		WITNESS(23, rst == P && rown != TOK(c));
+		printf("t=%d %c: step checkpoint refused (not the owner, or one is stored): ErrLeaseLost\n", clock, NAME(c))
+	fi
+}
+#endif
 
 /* Status (lua/status.lua) only reads: no caller acts on its answer. */
 
@@ -403,11 +601,24 @@ inline release_script(c) {
 /* Trails: the record, in words. */
 inline print_record() {
 	if
-	:: rst == ABS -> printf("[record absent]")
-	:: rst == P -> printf("[record: in progress, owner %c, attempt %d, lease left %d]", 'A' + rown - 1, rn, rlease)
-	:: rst == R -> printf("[record: released, owner %c, attempt %d]", 'A' + rown - 1, rn)
-	:: rst == D -> printf("[record: done by %c, attempt %d, TTL %d]", 'A' + rown - 1, rn, rttl)
-	fi
+	:: rst == ABS -> printf("[record absent")
+	:: rst == P -> printf("[record: in progress, owner %c, attempt %d, lease left %d", 'A' + rown - 1, rn, rlease)
+	:: rst == R -> printf("[record: released, owner %c, attempt %d", 'A' + rown - 1, rn)
+	:: rst == D -> printf("[record: done by %c, attempt %d, TTL %d", 'A' + rown - 1, rn, rttl)
+	fi;
+#ifdef STEPS
+	if
+	:: ck != 0 -> printf(", step checkpoint by %c", 'A' + ck - 1)
+	:: else
+	fi;
+#endif
+#ifdef TOMB
+	if
+	:: rtomb -> printf("; tombstone")
+	:: else
+	fi;
+#endif
+	printf("]")
 }
 /* Trails: a claim's reply, in words. */
 inline print_claim_reply(c) {
@@ -416,29 +627,77 @@ inline print_claim_reply(c) {
 	:: rk[c] == K_DONE -> printf("finished")
 	:: rk[c] == K_FRESH -> printf("claimed attempt %d", rn)
 	:: rk[c] == K_BEFORE -> printf("claimed before: attempt %d, lease left %d", rn, rlease)
+	:: rk[c] == K_LATE -> printf("late retry: tombstone")
 	fi
 }
 
 inline clear_request(c) {
 	nx[c] = 0; rk[c] = 0; cdl[c] = 0; el[c] = 0
+#ifdef WAITERS
+	; if
+	:: c == WATCHER -> bo = 0
+	:: else
+	fi
+#endif
 }
-inline clear_renewal(c) {
-	rs[c] = 0; rrep[c] = 0; rel[c] = 0
+inline clear_slot(s) {
+	rv[s] = RV_FREE; rel[s] = 0
+#ifdef M15
+	; rsec[s] = 0
+#endif
 }
+/* Slot s's reply came (or failed): free it, the older in S0. */
+inline free_slot(c, s) {
+	clear_slot(s)
+#if MAXR == 2
+	; if
+	:: rv[S0(c)] == RV_FREE && rv[S1(c)] != RV_FREE ->
+		rv[S0(c)] = rv[S1(c)]; rel[S0(c)] = rel[S1(c)];
+#ifdef M15
+		rsec[S0(c)] = rsec[S1(c)];
+#endif
+		clear_slot(S1(c))
+	:: else
+	fi
+#endif
+}
+inline clear_renewals(c) {
+	clear_slot(S0(c)); clear_slot(S1(c))
+#ifdef M16
+	; ls[c] = 0
+#endif
+}
+#ifdef WAITERS
+inline stop_watching(c) {
+	if
+	:: c == WATCHER -> wown = 0; mb = 0
+	:: else
+	fi
+}
+#endif
 /* Do returns. Every caller-side variable but the background release and
  * what P5 needs goes back to zero (fewer states). */
 inline finish(c) {
-	pc[c] = END; clear_request(c); clear_renewal(c);
+	pc[c] = END; clear_request(c); clear_renewals(c);
 	dl[c] = 0; live[c] = 0; fgt[c] = 0
 #ifdef LIVE
 	; fnt[c] = 0
 #endif
+#ifdef WAITERS
+	; stop_watching(c)
+#endif
+#ifdef STEPS
+	; sp[c] = 0
+#endif
 }
-/* fn starts: P1 is checked. */
+/* fn starts: P1 is checked; the waiter stops watching. */
 inline start_fn(c) {
 	printf("t=%d %c: fn starts as attempt %d, deadline in %d\n", clock, NAME(c), attempt[c], dl[c]);
 	check_P1(c);
-	live[c] = 1; fnage[c] = 0; pc[c] = FN
+	make_live(c); fnage[c] = 0; pc[c] = FN
+#ifdef WAITERS
+	; stop_watching(c)
+#endif
 }
 /* Model: step RenewBeforeFn. With the local deadline set: start fn if at
  * least a third of a lease is left, or send one renewal first. */
@@ -446,13 +705,104 @@ inline start_or_renew(c) {
 	if
 	:: dl[c] >= THIRD -> start_fn(c)
 	:: else ->
+		WITNESS(21, dl[c] > 0);
 		pc[c] = PRERENW;
 		printf("t=%d %c: %d left: renewal sent before fn\n", clock, NAME(c), dl[c]);
-		renew_script(c);
-		rs[c] = 1; rel[c] = 0;
-		printf("t=%d %c:   -> %d ", clock, NAME(c), rrep[c]); print_record(); printf("\n")
+		renew_script(c, S0(c));
+		rel[S0(c)] = 0;
+		printf("t=%d %c:   -> %d ", clock, NAME(c), rv[S0(c)] == RV_RAN1); print_record(); printf("\n")
 	fi
 }
+
+/* The deadline a renewal's reply 1 gives, counted from its own send, as
+ * ticks left (0 = passed). */
+#define DATED(a) ((a) + MARGIN < LEASE -> LEASE - MARGIN - (a) : 0)
+#if defined(M2)
+#define RENEWED(c, s) (LEASE - MARGIN) /* M2: counted from its reply */
+#elif defined(M15)
+/* M15: a renewal sent while another was in flight is counted from its reply */
+#define RENEWED(c, s) (rsec[s] -> LEASE - MARGIN : DATED(rel[s]))
+#elif defined(M16)
+#define RENEWED(c, s) DATED(ls[c]) /* M16: counted from the latest renewal's send */
+#else
+#define RENEWED(c, s) DATED(rel[s])
+#endif
+
+/* Model: step Renew (the owner's side): the reply of the renewal in slot s.
+ * A reply 1 moves the deadline to its own send + LEASE - MARGIN if that is
+ * later (an older reply that comes late moves nothing back); a reply 0
+ * cancels fn's context. A cancelled context stays cancelled. */
+inline renewal_reply(c, s) {
+	if
+	:: rv[s] == RV_RAN1 && live[c] ->
+		WITNESS(15, rv[S1(c)] != RV_FREE && RENEWED(c, s) > dl[c]);
+		if
+		:: RENEWED(c, s) > dl[c] -> dl[c] = RENEWED(c, s)
+		:: else
+		fi;
+		if
+		:: dl[c] == 0 -> live[c] = 0 /* only where M6 held the context */
+		:: else
+		fi;
+		printf("t=%d %c: renewal reply 1, sent %d ticks ago: deadline in %d\n", clock, NAME(c), rel[s], dl[c])
+	:: rv[s] == RV_RAN1 && !live[c] ->
+#ifdef M13
+		/* M13: a late reply 1 revives the cancelled context */
+		if
+		:: RENEWED(c, s) > 0 ->
+			dl[c] = RENEWED(c, s);
+			printf("t=%d %c: renewal reply 1, late: fn's context live again, deadline in %d\n", clock, NAME(c), dl[c]);
+			make_live(c)
+		:: else ->
+			printf("t=%d %c: renewal reply 1, too late: fn's context stays cancelled\n", clock, NAME(c))
+		fi
+#else
+		printf("t=%d %c: renewal reply 1, too late: fn's context stays cancelled\n", clock, NAME(c))
+#endif
+	:: else -> /* RV_RAN0 */
+		if
+		:: live[c] -> printf("t=%d %c: renewal reply 0: fn's context cancelled (lease lost)\n", clock, NAME(c))
+		:: else
+		fi;
+		live[c] = 0; dl[c] = 0
+	fi;
+	free_slot(c, s)
+}
+/* A renewal sent into slot s: it runs, or it is lost before it runs. */
+inline renewal_sent(c, s) {
+#ifdef M15
+	rsec[s] = (s == S1(c));
+#endif
+#ifdef M16
+	ls[c] = 0;
+#endif
+	rel[s] = 0
+}
+
+#ifdef WAITERS
+/* The watcher takes the notification in its mailbox. */
+inline take_note(c) {
+#ifdef M17
+	if
+	:: 1 -> /* M17: a notification of any token is accepted */
+#else
+	if
+	:: MSG_HDR(mb) == wown ->
+#endif
+		WITNESS(17, 1);
+		printf("t=%d %c: notification: %c's outcome (record of owner %c); Do returns it\n", clock, NAME(c), 'A' + MSG_OUT(mb) - 1, 'A' + MSG_HDR(mb) - 1);
+		check_P8(MSG_OUT(mb));
+		finish(c)
+	:: else ->
+		WITNESS(18, 1);
+		printf("t=%d %c: notification of owner %c, not %c's: claims again\n", clock, NAME(c), 'A' + MSG_HDR(mb) - 1, 'A' + wown - 1);
+		mb = 0
+	fi
+}
+#endif
+
+/* The caller keeps time: a deadline runs, or will be dated from a send. */
+#define TIMED(c) (pc[c] == CLAIMW || pc[c] == PRERENW || (pc[c] == FN && (live[c] || rv[S0(c)] != RV_FREE)))
 
 proctype Caller(byte me) {
 end:
@@ -493,13 +843,26 @@ end:
 		}
 	/* Model: step ClaimReply. The reply arrives (the last run's). */
 	:: d_step { pc[me] == CLAIMW ->
-		WITNESS(W1_, rk[me] == K_FRESH && cdl[me] == 0);
+		WITNESS(1, rk[me] == K_FRESH && cdl[me] == 0);
 		if
 		:: rk[me] == K_DONE ->
 			printf("t=%d %c: reply: finished, the outcome is replayed\n", clock, NAME(me));
 			finish(me)
+		:: rk[me] == K_LATE ->
+			printf("t=%d %c: reply: late retry (a tombstone, no record): ErrLateRetry, fn not run\n", clock, NAME(me));
+			finish(me)
 		:: rk[me] == K_BUSY ->
+#ifdef WAITERS
+			if
+			:: me == WATCHER ->
+				wown = bo;
+				printf("t=%d %c: reply: busy (owner %c); waits for its notification, or claims again\n", clock, NAME(me), 'A' + wown - 1)
+			:: else ->
+				printf("t=%d %c: reply: busy; waits, then claims again\n", clock, NAME(me))
+			fi;
+#else
 			printf("t=%d %c: reply: busy; waits, then claims again\n", clock, NAME(me));
+#endif
 			clear_request(me); pc[me] = IDLE
 		:: rk[me] == K_FRESH ->
 #ifdef M1
@@ -534,21 +897,30 @@ end:
 		finish(me) }
 #endif
 
+#ifdef WAITERS
+	/* Model: step Notify. A waiting caller takes the notification in its
+	 * mailbox: the outcome of the owner it waits for is returned; any
+	 * other makes it claim again. */
+	:: d_step { me == WATCHER && pc[me] == IDLE && wown != 0 && mb != 0 ->
+		take_note(me) }
+	/* A notification is lost. */
+	:: d_step { me == WATCHER && mb != 0 ->
+		printf("t=%d %c: a notification is lost\n", clock, NAME(me));
+		mb = 0 }
+#endif
+
 	/* The reply of the renewal before fn. */
 	:: d_step { pc[me] == PRERENW ->
 		if
-		:: rrep[me] ->
+		:: rv[S0(me)] == RV_RAN1 ->
 #ifdef M2
 			/* M2: the new deadline counts from the reply, not from when the renewal was sent */
 			dl[me] = LEASE - MARGIN;
 #else
-			if
-			:: rel[me] + MARGIN < LEASE -> dl[me] = LEASE - MARGIN - rel[me]
-			:: else -> dl[me] = 0
-			fi;
+			dl[me] = DATED(rel[S0(me)]);
 #endif
-			printf("t=%d %c: renewal reply 1, sent %d ticks ago: deadline in %d\n", clock, NAME(me), rel[me], dl[me]);
-			clear_renewal(me);
+			printf("t=%d %c: renewal reply 1, sent %d ticks ago: deadline in %d\n", clock, NAME(me), rel[S0(me)], dl[me]);
+			clear_renewals(me);
 			if
 			:: dl[me] >= THIRD -> start_fn(me)
 			:: else ->
@@ -558,7 +930,7 @@ end:
 			fi
 		:: else ->
 			printf("t=%d %c: renewal reply 0: not ours; claims again\n", clock, NAME(me));
-			clear_renewal(me); dl[me] = 0; fgt[me] = 0;
+			clear_renewals(me); dl[me] = 0; fgt[me] = 0;
 			pc[me] = IDLE
 		fi }
 #ifndef LIVE
@@ -568,62 +940,114 @@ end:
 		finish(me) }
 #endif
 
-	/* Model: step Renew (the owner's side). While fn runs, one renewal at a
-	 * time. The code sends one a third of a lease after the last that
-	 * succeeded (or the claim); the model lets it be sent at any time (a
-	 * superset), but in the LIVE run, where it is sent when due. */
+	/* Model: step Renew (the owner's side). While fn runs, up to two
+	 * renewals in flight. The code sends one a third of a lease after the
+	 * last send (the first two thirds of a lease before the deadline); the
+	 * model lets it be sent at any time (a superset), but in the LIVE run,
+	 * where it is sent when due, one at a time. */
 #ifdef LIVE
-	:: d_step { pc[me] == FN && live[me] && !rs[me] && dl[me] + THIRD <= LEASE ->
-#else
-	:: d_step { pc[me] == FN && live[me] && !rs[me] ->
-#endif
+	:: d_step { pc[me] == FN && live[me] && rv[S0(me)] == RV_FREE && dl[me] <= 2 * THIRD ->
 		printf("t=%d %c: renewal sent\n", clock, NAME(me));
-		renew_script(me);
-		rs[me] = 1; rel[me] = 0;
-		printf("t=%d %c:   -> %d ", clock, NAME(me), rrep[me]); print_record(); printf("\n") }
-	:: d_step { pc[me] == FN && rs[me] ->
-		if
-		:: rrep[me] && live[me] ->
-#ifdef M2
-			dl[me] = LEASE - MARGIN;
+		renewal_sent(me, S0(me));
+		renew_script(me, S0(me));
+		printf("t=%d %c:   -> %d ", clock, NAME(me), rv[S0(me)] == RV_RAN1); print_record(); printf("\n") }
 #else
-			if
-			:: rel[me] + MARGIN < LEASE -> dl[me] = LEASE - MARGIN - rel[me]
-			:: else -> dl[me] = 0
-			fi;
-#endif
-			if
-			:: dl[me] == 0 -> live[me] = 0 /* only where M6 held the context */
-			:: else
-			fi;
-			printf("t=%d %c: renewal reply 1, sent %d ticks ago: deadline in %d\n", clock, NAME(me), rel[me], dl[me])
-		:: rrep[me] && !live[me] ->
-			printf("t=%d %c: renewal reply 1, too late: fn's context stays cancelled\n", clock, NAME(me))
+#if MAXR == 2
+	:: d_step { pc[me] == FN && live[me] && rv[S1(me)] == RV_FREE ->
+		if
+		:: rv[S0(me)] == RV_FREE ->
+			printf("t=%d %c: renewal sent\n", clock, NAME(me));
+			renewal_sent(me, S0(me)); renew_script(me, S0(me));
+			printf("t=%d %c:   -> %d ", clock, NAME(me), rv[S0(me)] == RV_RAN1)
 		:: else ->
-			if
-			:: live[me] -> printf("t=%d %c: renewal reply 0: fn's context cancelled (lease lost)\n", clock, NAME(me))
-			:: else
-			fi;
-			live[me] = 0; dl[me] = 0
+			printf("t=%d %c: renewal sent, another still in flight\n", clock, NAME(me));
+			renewal_sent(me, S1(me)); renew_script(me, S1(me));
+			printf("t=%d %c:   -> %d ", clock, NAME(me), rv[S1(me)] == RV_RAN1)
 		fi;
-		clear_renewal(me) }
+		print_record(); printf("\n") }
+	/* A renewal is lost before the server sees it (dropped, or abandoned
+	 * at its timeout while queued): its reply will be an error. */
+	:: d_step { pc[me] == FN && live[me] && rv[S1(me)] == RV_FREE ->
+		printf("t=%d %c: renewal sent, and lost before it runs\n", clock, NAME(me));
+		if
+		:: rv[S0(me)] == RV_FREE -> renewal_sent(me, S0(me)); rv[S0(me)] = RV_LOST
+		:: else -> renewal_sent(me, S1(me)); rv[S1(me)] = RV_LOST
+		fi }
+#else
+	:: d_step { pc[me] == FN && live[me] && rv[S0(me)] == RV_FREE ->
+		printf("t=%d %c: renewal sent\n", clock, NAME(me));
+		renewal_sent(me, S0(me)); renew_script(me, S0(me));
+		printf("t=%d %c:   -> %d ", clock, NAME(me), rv[S0(me)] == RV_RAN1); print_record(); printf("\n") }
+	/* A renewal is lost before the server sees it (dropped, or abandoned
+	 * at its timeout while queued): its reply will be an error. */
+	:: d_step { pc[me] == FN && live[me] && rv[S0(me)] == RV_FREE ->
+		printf("t=%d %c: renewal sent, and lost before it runs\n", clock, NAME(me));
+		renewal_sent(me, S0(me)); rv[S0(me)] = RV_LOST }
+#endif
+#endif
+	/* A renewal's reply arrives (replies come in any order). */
+	:: d_step { pc[me] == FN && (rv[S0(me)] == RV_RAN0 || rv[S0(me)] == RV_RAN1) ->
+		renewal_reply(me, S0(me)) }
+#if MAXR == 2
+	:: d_step { pc[me] == FN && (rv[S1(me)] == RV_RAN0 || rv[S1(me)] == RV_RAN1) ->
+		renewal_reply(me, S1(me)) }
+#endif
 #ifndef LIVE
-	/* The renewal times out: its reply is lost; the next is sent later. */
-	:: d_step { pc[me] == FN && rs[me] ->
-		printf("t=%d %c: renewal reply lost (timeout)\n", clock, NAME(me));
-		clear_renewal(me);
+	/* A renewal fails: its reply is lost (a timeout), or it was lost before
+	 * it ran; the next is sent later. */
+	:: d_step { pc[me] == FN && rv[S0(me)] != RV_FREE ->
+		printf("t=%d %c: renewal failed (reply lost, or never ran)\n", clock, NAME(me));
+		free_slot(me, S0(me));
+		if
+		:: dl[me] == 0 -> live[me] = 0 /* only where M6 held the context */
+		:: else
+		fi }
+#if MAXR == 2
+	:: d_step { pc[me] == FN && rv[S1(me)] != RV_FREE ->
+		printf("t=%d %c: renewal failed (reply lost, or never ran)\n", clock, NAME(me));
+		free_slot(me, S1(me));
 		if
 		:: dl[me] == 0 -> live[me] = 0
 		:: else
 		fi }
 #endif
+#endif
+#ifdef STEPS
+	/* Model: step Step (the owner's side). fn reaches its step: the
+	 * checkpoint, if one was written in this operation, is read instead of
+	 * running the step; else the step runs and its checkpoint is sent. */
+	:: d_step { pc[me] == FN && sp[me] == 0 ->
+		if
+		:: ck != 0 ->
+#ifdef M20
+			ckk = ckk || (rst == P && rown == TOK(me));
+#endif
+			WITNESS(22, ck != TOK(me));
+			printf("t=%d %c: step: checkpoint by %c read; the step does not run\n", clock, NAME(me), 'A' + ck - 1);
+			sp[me] = 2
+		:: else ->
+			printf("t=%d %c: step: no checkpoint; the step runs\n", clock, NAME(me));
+			sp[me] = 1
+		fi }
+	:: d_step { pc[me] == FN && sp[me] == 1 ->
+		printf("t=%d %c: step checkpoint sent\n", clock, NAME(me));
+		checkpoint_script(me);
+		sp[me] = 2 }
+	/* The checkpoint is lost before it runs: Step returns an error. */
+	:: d_step { pc[me] == FN && sp[me] == 1 ->
+		printf("t=%d %c: step checkpoint lost before it runs\n", clock, NAME(me));
+		sp[me] = 2 }
+#endif
 	/* Model: step Complete (the owner's side). fn returns a result or a
 	 * permanent error, its context live or not: the renewals stop, the
 	 * completion is sent (and runs). */
 	:: d_step { pc[me] == FN ->
-		clear_renewal(me); live[me] = 0; dl[me] = 0; fgt[me] = 0;
+		clear_renewals(me); live[me] = 0; dl[me] = 0; fgt[me] = 0;
 #ifdef LIVE
 		fnt[me] = 0;
+#endif
+#ifdef STEPS
+		sp[me] = 0;
 #endif
 		pc[me] = COMPW; clear_request(me);
 		nx[me] = 1;
@@ -646,7 +1070,7 @@ end:
 		complete_script(me);
 		printf("t=%d %c:   -> %d ", clock, NAME(me), rk[me]); print_record(); printf("\n") }
 	:: d_step { pc[me] == COMPW ->
-		WITNESS(W7_, rk[me] == 0);
+		WITNESS(7, rk[me] == 0);
 		if
 		:: rk[me] -> acked[me] = ackok[me];
 			printf("t=%d %c: completion acknowledged: Do returns the result\n", clock, NAME(me))
@@ -666,26 +1090,56 @@ end:
 		release_script(me);
 		printf("t=%d %c:   -> ", clock, NAME(me)); print_record(); printf("\n") }
 #endif
+#if DRIFT > 0
+	/* The caller's clock runs slow: it loses the next tick (at most one in
+	 * any LEASE ticks). */
+	:: d_step { !slip[me] && sk[me] >= LEASE && TIMED(me) ->
+		WITNESS(20, pc[me] == FN && live[me]);
+		printf("t=%d %c: its clock runs slow: it loses the next tick\n", clock, NAME(me));
+		slip[me] = 1 }
+#endif
 	od
 }
+
 
 /* ---- Time, expiry, Forget ---------------------------------------------- */
 
 #ifdef M6
 /* M6: fn's context is not cancelled at the local deadline while a renewal
  * is in flight (only when a renewal's reply comes back, or it fails) */
-#define HOLD(c) rs[c]
+#define HOLD(c) (rv[S0(c)] != RV_FREE)
 #else
 #define HOLD(c) 0
 #endif
 
 #ifdef LIVE
 #define AGE(c) (pc[c] == CLAIMW || pc[c] == COMPW) /* LIVE: el is the age of the request in flight */
+#define RELAGE(s) (rv[s] != RV_FREE)             /* LIVE: rel is the age of any renewal in flight */
 #else
 #define AGE(c) 0
+#define RELAGE(s) (rv[s] == RV_RAN1)             /* only a reply 1 reads its age */
 #endif
 
+
+inline tick_rel(s) {
+	if
+	:: RELAGE(s) && rel[s] < LEASE -> rel[s]++
+	:: else
+	fi
+}
+
 inline tick_caller(c) {
+#if DRIFT > 0
+	if
+	:: slip[c] ->
+		slip[c] = 0; sk[c] = 0
+	:: else ->
+		if
+		:: !TIMED(c) -> sk[c] = LEASE
+		:: TIMED(c) && sk[c] < LEASE -> sk[c]++
+		:: else
+		fi;
+#endif
 	if
 	:: (pc[c] == CLAIMW && nx[c] < MAXXC || AGE(c)) && el[c] < LEASE -> el[c]++
 	:: else
@@ -694,21 +1148,32 @@ inline tick_caller(c) {
 	:: cdl[c] > 0 -> cdl[c]--
 	:: else
 	fi;
+	tick_rel(S0(c));
+#if MAXR == 2
+	tick_rel(S1(c));
+#endif
+#ifdef M16
 	if
-	:: rs[c] && rel[c] < LEASE -> rel[c]++
+	:: pc[c] == FN && ls[c] < LEASE -> ls[c]++
 	:: else
 	fi;
+#endif
 	if
 	:: dl[c] > 0 -> dl[c]--
 	:: else
-	fi;
+	fi
+#if DRIFT > 0
+	fi
+#endif
+	;
 	if
 	:: live[c] && fnage[c] < 255 -> fnage[c]++
 	:: else
 	fi;
 	if
 	:: live[c] && dl[c] == 0 && !HOLD(c) ->
-		WITNESS(W12_, rs[c]);
+		WITNESS(12, rv[S0(c)] != RV_FREE);
+		WITNESS(16, rv[S0(c)] == RV_LOST || rv[S1(c)] == RV_LOST);
 		live[c] = 0;
 		printf("t=%d %c: local deadline: fn's context cancelled\n", clock, NAME(c))
 	:: else
@@ -725,8 +1190,8 @@ inline tick_caller(c) {
 /* LIVE: no unbounded delays. The clock waits while a reply is DMAX ticks
  * late, while a live owner's renewal is due at its last chance, and while
  * an fn has run FNMAX ticks. */
-#define QUIET(c) (!((pc[c] == CLAIMW || pc[c] == COMPW) && el[c] >= DMAX) && !(rs[c] && rel[c] >= DMAX) && \
-	!(pc[c] == FN && live[c] && !rs[c] && dl[c] <= THIRD) && !(pc[c] == FN && fnt[c] >= FNMAX))
+#define QUIET(c) (!((pc[c] == CLAIMW || pc[c] == COMPW) && el[c] >= DMAX) && !(rv[S0(c)] != RV_FREE && rel[S0(c)] >= DMAX) && \
+	!(pc[c] == FN && live[c] && rv[S0(c)] == RV_FREE && dl[c] <= THIRD) && !(pc[c] == FN && fnt[c] >= FNMAX))
 #define TICK_OK (QUIET(0) && QUIET(1) AND_C2(QUIET(2)))
 #else
 #define TICK_OK 1
@@ -736,7 +1201,17 @@ inline tick_caller(c) {
 
 active proctype Clock() {
 	byte k;
-	atomic { k = 0; do :: k < NC -> run Caller(k); k++ :: else -> k = 0; break od }
+	atomic {
+		k = 0;
+		do
+		:: k < NC ->
+#if DRIFT > 0
+			sk[k] = LEASE;
+#endif
+			run Caller(k); k++
+		:: else -> k = 0; break
+		od
+	}
 end:
 	do
 	/* Model: step Tick. */
@@ -761,7 +1236,7 @@ end:
 			rttl--;
 			if
 			:: rttl == 0 ->
-				WITNESS(W5_, 1);
+				WITNESS(5, 1);
 				printf("t=%d   the finished record expires (retention)\n", clock);
 				record_gone()
 			:: else
@@ -769,17 +1244,31 @@ end:
 		:: else
 		fi;
 		tick_caller(0); tick_caller(1) SEQ_C2(tick_caller(2));
-		WITNESS(W10_, live[0] && fnage[0] > RET);
+		WITNESS(10, live[0] && fnage[0] > RET);
 		printf("t=%d   tick\n", clock) }
 	/* Model: step Expire. An in-progress record whose lease ended, or a
 	 * released record, expires (its TTL may have passed). */
 	:: d_step { MAY_EXPIRE ->
 		printf("t=%d   the record expires: ", clock); print_record(); printf("\n");
 		record_gone() }
+#ifdef M20
+	/* M20: the checkpoints expire before their record: a renewal or a
+	 * takeover reset the record's TTL, and nothing reset theirs. */
+	:: d_step { ck != 0 && !ckk && (rst == P || rst == R) ->
+		printf("t=%d   the step checkpoints expire before their record\n", clock);
+		ck = 0 }
+#endif
+#ifdef TOMB
+	/* Model: step Tombstone. The tombstone outlives the record, then
+	 * expires. */
+	:: d_step { rtomb && rst == ABS ->
+		printf("t=%d   the tombstone expires\n", clock);
+		rtomb = 0 }
+#endif
 #if !defined(LIVE) && !defined(NOFORGET)
-	/* Model: step Forget. */
-	:: d_step { rst != ABS ->
-		WITNESS(W6_, rst == P && live[rown - 1]);
+	/* Model: step Forget: the record and its tombstone. */
+	:: d_step { rst != ABS || TOMBSTONE ->
+		WITNESS(6, rst == P && live[rown - 1]);
 		printf("t=%d   Forget deletes the record: ", clock); print_record();
 		if
 		:: rst == P -> printf("; its claims are exempt from P1 from now on\n")
@@ -801,7 +1290,11 @@ end:
 			od
 		:: else
 		fi;
-		record_gone() }
+		record_gone()
+#ifdef TOMB
+		; rtomb = 0
+#endif
+		}
 #endif
 	od
 }

@@ -18,24 +18,28 @@ func TestReusedKeyWithOtherAmountConflicts(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	c := idem.New(rdb)
-	defer c.Close()
-	b := newBank()
-	s := &idemService{name: "a", idem: c, bank: b, takeovers: &keySet{}}
 	ctx := context.Background()
+	b, err := openBank(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	c := idem.New(rdb, idem.WithLedger(b.ledger), idem.WithLogger(nil))
+	defer c.Close()
+	s := &idemService{name: "a", idem: c, bank: b, takeovers: &keySet{}, recorded: &keySet{}}
 
-	first, err := s.Pay(ctx, payment{ID: "pay-1", Account: "acct-A", Amount: Cents(1000)})
+	first, err := s.Pay(ctx, payment{ID: "pay-1", Account: accountOf(0), Amount: Cents(1000)})
 	if err != nil || first.Amount != Cents(1000) {
 		t.Fatalf("first payment: got %+v, %v", first, err)
 	}
-	if _, err := s.Pay(ctx, payment{ID: "pay-1", Account: "acct-A", Amount: Cents(2000)}); !errors.Is(err, idem.ErrConflict) {
+	if _, err := s.Pay(ctx, payment{ID: "pay-1", Account: accountOf(0), Amount: Cents(2000)}); !errors.Is(err, idem.ErrConflict) {
 		t.Fatalf("the key with another amount: got %v, want ErrConflict", err)
 	}
-	replay, err := s.Pay(ctx, payment{ID: "pay-1", Account: "acct-A", Amount: Cents(1000)})
+	replay, err := s.Pay(ctx, payment{ID: "pay-1", Account: accountOf(0), Amount: Cents(1000)})
 	if err != nil || replay != first {
 		t.Fatalf("retry: got %+v, %v; want the first receipt %+v", replay, err, first)
 	}
-	if n := b.debits("pay-1"); n != 1 {
+	if n, err := b.debitsOf(ctx, "idem", "pay-1"); n != 1 || err != nil {
 		t.Fatalf("the bank debited pay-1 %d times, want once", n)
 	}
 }

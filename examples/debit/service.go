@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemsql"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -17,9 +18,10 @@ import (
 // leaves little behind in a real Redis.
 const retention = 10 * time.Minute
 
-// errBankDown is the bank's transient refusal: nothing was debited, and the
-// same debit may be tried again.
-var errBankDown = errors.New("bank: temporarily unavailable, nothing debited")
+// errBankDown is the transient refusal of the card network the service
+// asks before it debits: nothing was debited, and the payment may be tried
+// again.
+var errBankDown = errors.New("card network: temporarily unavailable, nothing debited")
 
 // A payment is one logical payment. The client sends it until it gets a
 // receipt, always with the same ID: the ID is the idempotency key.
@@ -30,9 +32,9 @@ type payment struct {
 }
 
 // A Receipt is what the service answers for a payment. idem.Do stores it
-// encoded with msgpack, and refuses result types it cannot give back
-// exactly: so its fields are exported, and Amount, whose state is not,
-// is stored through its MarshalText.
+// encoded with msgpack, in Redis and in the ledger, and refuses result types
+// it cannot give back exactly: so its fields are exported, and Amount,
+// whose state is not, is stored through its MarshalText.
 type Receipt struct {
 	// Payment is the payment's ID.
 	Payment string
@@ -52,25 +54,10 @@ type service interface {
 	Pay(ctx context.Context, p payment) (Receipt, error)
 }
 
-// bank is the downstream system whose side effect must not repeat: an
-// in-memory ledger of debits by reference. A real bank would refuse a second
-// debit with the same reference (the downstream defence the idem package
-// recommends); this one only records it, so the demo measures what the
-// service alone achieves.
-type bank struct {
-	mu     sync.Mutex
-	ledger map[string][]Money // guarded by mu; amounts debited, by reference
-}
-
-// newBank returns a bank with an empty ledger.
-func newBank() *bank {
-	return &bank{ledger: make(map[string][]Money)}
-}
-
-// Debit debits amount under the reference ref. How long it takes and
-// whether the bank is down are the attempt's fate (see fateFrom), so the
-// service code reads as it would in production.
-func (b *bank) Debit(ctx context.Context, ref string, amount Money) error {
+// authorize stands for the work before the debit (asking the card network)
+// and acts out the attempt's fate (see fateFrom): how long it takes, and
+// whether the network refuses. It changes nothing.
+func authorize(ctx context.Context) error {
 	f := fateFrom(ctx)
 	if f.bankDown {
 		return errBankDown
@@ -79,34 +66,25 @@ func (b *bank) Debit(ctx context.Context, ref string, amount Money) error {
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	// The debit commits at the end, as a slow bank call would: a duplicate
-	// that starts meanwhile is not stopped by anything the bank does.
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.ledger[ref] = append(b.ledger[ref], amount)
-	return nil
 }
 
-// debits returns how many times ref was debited.
-func (b *bank) debits(ref string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.ledger[ref])
-}
-
-// idemService pays through idem.Do: the payment's ID is the key, so only one
-// attempt debits, whichever instance each retry reaches.
+// idemService pays through idem.Do with the ledger: the debit and the
+// receipt commit in one transaction (idemsql.Commit), so a payment is
+// debited once whatever the retries, the instances, or Redis losing its
+// records. fn has no reconcile code: the ledger is all it needs.
 type idemService struct {
 	name      string
 	idem      *idem.Client
 	bank      *bank
 	takeovers *keySet // payments whose fn ran as attempt 2 or later
+	recorded  *keySet // payments whose commit met the receipt of an earlier one
 }
 
-// Pay debits p at most once per key, and replays the receipt to retries.
+// Pay debits p at most once per key, and returns the receipt to retries.
 // The fingerprint covers the account and the amount: a key reused for
 // another payment gets idem.ErrConflict instead of the first receipt.
 func (s *idemService) Pay(ctx context.Context, p payment) (Receipt, error) {
@@ -114,17 +92,25 @@ func (s *idemService) Pay(ctx context.Context, p payment) (Receipt, error) {
 		func(ctx context.Context) (Receipt, error) {
 			a, _ := idem.AttemptFrom(ctx)
 			if a.Number > 1 {
-				// An earlier attempt failed (here: the bank refused it, so
-				// nothing moved). A real service would reconcile with the
-				// bank before acting again; this bank's refusals are
-				// always clean, so it only counts them.
-				s.takeovers.add(a.Key)
+				s.takeovers.add(a.Key) // counted for the report only
 			}
-			// The idempotency key doubles as the bank's reference.
-			if err := s.bank.Debit(ctx, a.Key, p.Amount); err != nil {
+			if err := authorize(ctx); err != nil {
 				return Receipt{}, err
 			}
-			return Receipt{Payment: a.Key, Amount: p.Amount, Attempt: a.Number, Instance: s.name}, nil
+			tx, err := s.bank.db.BeginTx(ctx, nil)
+			if err != nil {
+				return Receipt{}, err
+			}
+			defer tx.Rollback()
+			if err := s.bank.debit(ctx, tx, "idem", s.name, p); err != nil {
+				return Receipt{}, err
+			}
+			r := Receipt{Payment: a.Key, Amount: p.Amount, Attempt: a.Number, Instance: s.name}
+			err = idemsql.Commit(ctx, tx, r)
+			if errors.Is(err, idem.ErrRecorded) {
+				s.recorded.add(a.Key) // counted for the report only
+			}
+			return r, err
 		})
 }
 
@@ -154,7 +140,18 @@ func (s *naiveService) Pay(ctx context.Context, p payment) (Receipt, error) {
 	}
 	// The race window: a retry that reaches any instance from here until the
 	// SET below also finds no key, and debits again.
-	if err := s.bank.Debit(ctx, p.ID, p.Amount); err != nil {
+	if err := authorize(ctx); err != nil {
+		return Receipt{}, err
+	}
+	tx, err := s.bank.db.BeginTx(ctx, nil)
+	if err != nil {
+		return Receipt{}, err
+	}
+	defer tx.Rollback()
+	if err := s.bank.debit(ctx, tx, "naive", s.name, p); err != nil {
+		return Receipt{}, err
+	}
+	if err := tx.Commit(); err != nil {
 		return Receipt{}, err
 	}
 	r := Receipt{Payment: p.ID, Amount: p.Amount, Attempt: 1, Instance: s.name}

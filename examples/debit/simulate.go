@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -22,6 +23,7 @@ type config struct {
 	loss        float64       // share of replies the network loses
 	slow        float64       // share of debits that take slowDebit
 	bankErr     float64       // share of debits the bank refuses, transiently
+	lose        float64       // share of answered payments whose record Redis then loses
 	seed        uint64        // seeds every payment's random stream
 	balance     string        // how the load balancer picks: "random" or "alternate"
 	timeout     time.Duration // how long the client waits for a reply
@@ -30,7 +32,7 @@ type config struct {
 	maxAttempts int           // attempts per payment before the client gives up
 }
 
-// defaultConfig returns the workload of a plain `go run ./examples/debit`.
+// defaultConfig returns the workload of a plain `go run ./debit` (from examples/).
 func defaultConfig() config {
 	return config{
 		payments: 200,
@@ -43,6 +45,7 @@ func defaultConfig() config {
 		loss:        0.3,
 		slow:        0.2,
 		bankErr:     0.05,
+		lose:        0.2,
 		seed:        1,
 		balance:     "random",
 		timeout:     10 * time.Millisecond,
@@ -70,7 +73,7 @@ func (c config) validate() error {
 	if c.balance != "random" && c.balance != "alternate" {
 		errs = append(errs, fmt.Errorf("-lb %q: must be random or alternate", c.balance))
 	}
-	errs = append(errs, share("loss", c.loss), share("slow", c.slow), share("bankerr", c.bankErr))
+	errs = append(errs, share("loss", c.loss), share("slow", c.slow), share("bankerr", c.bankErr), share("lose", c.lose))
 	return errors.Join(errs...)
 }
 
@@ -83,6 +86,7 @@ type fate struct {
 	lost     bool          // the network loses the reply
 	bankDown bool          // the bank refuses the debit
 	debit    time.Duration // how long the debit takes
+	lose     bool          // Redis loses the payment's record after the attempt
 }
 
 // fate draws the fate of attempt n (from 0) of payment i. It draws the same
@@ -98,6 +102,7 @@ func (c config) fate(rng *mrand.Rand, i, n int) fate {
 	if rng.Float64() < c.slow {
 		f.debit = c.slowDebit
 	}
+	f.lose = rng.Float64() < c.lose
 	if c.balance == "alternate" {
 		f.instance = (i + n) % 2
 	}
@@ -129,6 +134,8 @@ type result struct {
 	unconfirmed int   // payments the client gave up on, with no receipt
 	silentLoss  int   // payments confirmed to the client but never debited
 	takeovers   int   // payments whose fn ran as attempt 2 or later (idem only)
+	lost        int   // records Redis lost after an answered attempt
+	fromLedger  int   // payments whose debit met the ledger's receipt and rolled back (idem only)
 	unexpected  int   // errors other than the bank's simulated refusals
 	firstErr    error // the first unexpected error, to show
 }
@@ -144,10 +151,12 @@ type report struct {
 	naive result
 }
 
-// compare runs the workload once with idem.Do and once with check-then-set, on
-// the Redis at addr or, if addr is empty, on an embedded miniredis. It
-// deletes the keys it created, and only those, before it returns.
-func compare(ctx context.Context, cfg config, addr string) (rep report, err error) {
+// compare runs the workload once with idem.Do and once with check-then-set,
+// on the Redis at addr or, if addr is empty, on an embedded miniredis, and
+// on the PostgreSQL at dsn or, if dsn is empty, on a SQLite file in a
+// temporary directory. It deletes the keys and tables it created, and only
+// those, before it returns.
+func compare(ctx context.Context, cfg config, addr, dsn string) (rep report, err error) {
 	if err := cfg.validate(); err != nil {
 		return report{}, err
 	}
@@ -173,40 +182,47 @@ func compare(ctx context.Context, cfg config, addr string) (rep report, err erro
 		return report{}, err
 	}
 	defer func() { err = errors.Join(err, deleteKeys(ctx, rdbs[0], prefix)) }()
+	b, err := openBank(ctx, dsn)
+	if err != nil {
+		return report{}, err
+	}
+	defer func() { err = errors.Join(err, b.Close()) }()
 
 	rep.cfg = cfg
-	if rep.idem, err = runIdem(ctx, cfg, rdbs, prefix+"idem"); err != nil {
+	if rep.idem, err = runIdem(ctx, cfg, rdbs, b, prefix+"idem"); err != nil {
 		return rep, err
 	}
-	rep.naive, err = runNaive(ctx, cfg, rdbs, prefix+"naive:")
+	rep.naive, err = runNaive(ctx, cfg, rdbs, b, prefix+"naive:")
 	return rep, err
 }
 
-// runIdem runs the workload on two instances paying through idem.Do, each
-// with its own idem.Client.
-func runIdem(ctx context.Context, cfg config, rdbs [2]*redis.Client, prefix string) (res result, err error) {
-	b := newBank()
-	var takeovers keySet
+// runIdem runs the workload on two instances paying through idem.Do with
+// the bank's ledger, each with its own idem.Client.
+func runIdem(ctx context.Context, cfg config, rdbs [2]*redis.Client, b *bank, prefix string) (res result, err error) {
+	var takeovers, recorded keySet
 	var services [2]service
+	var clients [2]*idem.Client
 	for i, rdb := range rdbs {
-		c := idem.New(rdb, idem.WithPrefix(prefix), idem.WithRetention(retention),
+		c := idem.New(rdb, idem.WithPrefix(prefix), idem.WithRetention(retention), idem.WithLedger(b.ledger),
 			idem.WithLogger(nil)) // the report is the output; miniredis cannot tell its eviction policy
 		defer func() { err = errors.Join(err, c.Close()) }()
-		services[i] = &idemService{name: instanceName(i), idem: c, bank: b, takeovers: &takeovers}
+		clients[i] = c
+		services[i] = &idemService{name: instanceName(i), idem: c, bank: b, takeovers: &takeovers, recorded: &recorded}
 	}
-	res, err = simulate(ctx, cfg, services, b)
-	res.takeovers = takeovers.len()
+	lose := func(ctx context.Context, id string) error { return clients[0].Forget(ctx, id) }
+	res, err = simulate(ctx, cfg, services, b, "idem", lose)
+	res.takeovers, res.fromLedger = takeovers.len(), recorded.len()
 	return res, err
 }
 
 // runNaive runs the workload on two instances paying with check-then-set.
-func runNaive(ctx context.Context, cfg config, rdbs [2]*redis.Client, prefix string) (result, error) {
-	b := newBank()
+func runNaive(ctx context.Context, cfg config, rdbs [2]*redis.Client, b *bank, prefix string) (result, error) {
 	var services [2]service
 	for i, rdb := range rdbs {
 		services[i] = &naiveService{name: instanceName(i), rdb: rdb, prefix: prefix, bank: b}
 	}
-	return simulate(ctx, cfg, services, b)
+	lose := func(ctx context.Context, id string) error { return rdbs[0].Del(ctx, prefix+id).Err() }
+	return simulate(ctx, cfg, services, b, "naive", lose)
 }
 
 // instanceName names instance i for receipts: A or B.
@@ -217,7 +233,9 @@ func instanceName(i int) string { return string(rune('A' + i)) }
 type sim struct {
 	cfg      config
 	services [2]service
-	handlers sync.WaitGroup // service-side handlers, which outlive the client's wait
+	lose     func(ctx context.Context, id string) error // makes Redis lose payment id's record
+	lost     atomic.Int64                               // records lost
+	handlers sync.WaitGroup                             // service-side handlers, which outlive the client's wait
 
 	mu         sync.Mutex
 	unexpected int   // guarded by mu
@@ -225,9 +243,9 @@ type sim struct {
 }
 
 // simulate makes cfg.payments payments, cfg.clients at a time, and counts
-// what the bank recorded once every handler has finished.
-func simulate(ctx context.Context, cfg config, services [2]service, b *bank) (result, error) {
-	s := &sim{cfg: cfg, services: services}
+// the debits of strategy once every handler has finished.
+func simulate(ctx context.Context, cfg config, services [2]service, b *bank, strategy string, lose func(context.Context, string) error) (result, error) {
+	s := &sim{cfg: cfg, services: services, lose: lose}
 	attempts := make([]int, cfg.payments)
 	confirmed := make([]bool, cfg.payments)
 	next := make(chan int)
@@ -254,10 +272,13 @@ feed:
 	s.handlers.Wait()
 
 	s.mu.Lock()
-	res := result{unexpected: s.unexpected, firstErr: s.firstErr}
+	res := result{unexpected: s.unexpected, firstErr: s.firstErr, lost: int(s.lost.Load())}
 	s.mu.Unlock()
 	for i := range cfg.payments {
-		n := b.debits(paymentOf(i).ID)
+		n, err := b.debitsOf(context.WithoutCancel(ctx), strategy, paymentOf(i).ID)
+		if err != nil {
+			return res, err
+		}
 		res.debits += n
 		res.retries += attempts[i] - 1
 		switch {
@@ -276,11 +297,18 @@ feed:
 	return res, ctx.Err()
 }
 
+// accounts is how many accounts the payments of a run debit.
+const accounts = 17
+
+// accountOf returns the account of the i-th payment (and names the i-th
+// account).
+func accountOf(i int) string { return fmt.Sprintf("acct-%02d", i%accounts) }
+
 // paymentOf returns the i-th payment of a run.
 func paymentOf(i int) payment {
 	return payment{
 		ID:      fmt.Sprintf("pay-%04d", i),
-		Account: fmt.Sprintf("acct-%02d", i%17),
+		Account: accountOf(i),
 		Amount:  Cents(int64(100 + i%50*25)),
 	}
 }
@@ -298,8 +326,20 @@ func (s *sim) pay(ctx context.Context, i int) (attempts int, confirmed bool) {
 			// The handler's context is not the client's: a service does not
 			// learn that its client timed out, and goes on debiting.
 			_, err := s.services[f.instance].Pay(withFate(ctx, f), p)
-			if err != nil && !errors.Is(err, errBankDown) {
+			// A record lost under a waiting duplicate ends its wait with
+			// ErrExpired: as the card network's refusal, an error the
+			// client retries.
+			if err != nil && !errors.Is(err, errBankDown) && !errors.Is(err, idem.ErrExpired) {
 				s.noteUnexpected(err)
+			}
+			if err == nil && f.lose {
+				// Redis loses the record (a restart without persistence, a
+				// failover): a retry finds no trace of the payment there.
+				if lerr := s.lose(ctx, p.ID); lerr != nil {
+					s.noteUnexpected(lerr)
+				} else {
+					s.lost.Add(1)
+				}
 			}
 			if !f.lost {
 				reply <- err

@@ -14,9 +14,9 @@
 // (100000 cents); a debit larger than the balance gets 402, which is
 // replayed like a success.
 //
-// Usage:
+// Usage (from the examples directory, a module of its own):
 //
-//	go run ./examples/httpdebit [-addr localhost:8080] [-redis ADDR] [-delay D]
+//	go run ./httpdebit [-addr localhost:8080] [-redis ADDR] [-delay D]
 //
 // Without -redis it runs on an embedded miniredis. With one, it stores its
 // records under the key prefix "httpdebit" for an hour. -delay makes every

@@ -1,0 +1,144 @@
+// ledger.go: the Ledger, its options, and its reads.
+
+package idemsql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Ledger keeps the outcomes of idem calls in one table of a SQL database,
+// the one that holds their business changes. It implements idem.Ledger:
+// give it to idem.New with idem.WithLedger, and record outcomes from fn
+// with Commit. It is safe for concurrent use.
+type Ledger struct {
+	db      *sql.DB
+	dialect *dialect
+	table   string
+	sql     statements
+	now     func() time.Time
+
+	mu sync.Mutex // guards id
+	id []byte     // the database's marker, once read; nil before
+}
+
+// An Option configures a Ledger. Pass options to New.
+type Option func(*config)
+
+type config struct {
+	table    string
+	now      func() time.Time
+	problems []string
+}
+
+// WithTable sets the name of the ledger's table. Migrate also creates a
+// second table, <name>_meta, and an index, <name>_recorded_at. The name
+// must be a plain SQL identifier of at most 48 characters (letters, digits
+// and underscores, not starting with a digit), unquoted and without a
+// schema: set the connection's search_path to use another schema.
+// The default is "idem_ledger".
+func WithTable(name string) Option {
+	return func(c *config) {
+		if !identifier.MatchString(name) {
+			c.problems = append(c.problems, fmt.Sprintf("WithTable(%q): must be letters, digits and underscores, not starting with a digit, at most 48 characters", name))
+			return
+		}
+		c.table = name
+	}
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
+
+// withClock sets the clock of the recording times; tests use it.
+func withClock(now func() time.Time) Option {
+	return func(c *config) { c.now = now }
+}
+
+// New returns the ledger kept in db, in the SQL of d. It does not touch
+// the database: call Migrate once (at start-up) to create its tables.
+// New panics if db is nil, d is the zero Dialect or an option is invalid,
+// as those are programming errors.
+func New(db *sql.DB, d Dialect, opts ...Option) *Ledger {
+	cfg := config{table: "idem_ledger", now: time.Now}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if db == nil {
+		cfg.problems = append(cfg.problems, "db is nil")
+	}
+	if d.d == nil {
+		cfg.problems = append(cfg.problems, "the zero Dialect (use idemsql.Postgres or idemsql.SQLite)")
+	}
+	if len(cfg.problems) > 0 {
+		panic("idemsql: New: " + strings.Join(cfg.problems, "; "))
+	}
+	return &Ledger{db: db, dialect: d.d, table: cfg.table, sql: d.d.statements(cfg.table), now: cfg.now}
+}
+
+// Table returns the name of the ledger's table.
+func (l *Ledger) Table() string { return l.table }
+
+// row is one recorded outcome, as the table holds it.
+type row struct {
+	key         string
+	fingerprint string
+	attempt     int64
+	failed      bool
+	outcome     []byte
+}
+
+// lookup reads key's row from the ledger's database.
+func (l *Ledger) lookup(ctx context.Context, key string) (row, bool, error) {
+	r := row{key: key}
+	var fp []byte
+	err := l.db.QueryRowContext(ctx, l.sql.lookup, []byte(key)).Scan(&fp, &r.attempt, &r.failed, &r.outcome)
+	if errors.Is(err, sql.ErrNoRows) {
+		return row{}, false, nil
+	}
+	if err != nil {
+		return row{}, false, l.explain("look up a key", err)
+	}
+	r.fingerprint = string(fp)
+	if r.outcome == nil {
+		r.outcome = []byte{}
+	}
+	return r, true, nil
+}
+
+// databaseID returns the marker of the ledger's database, which Migrate
+// wrote; it is read once and kept.
+func (l *Ledger) databaseID(ctx context.Context) ([]byte, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.id != nil {
+		return l.id, nil
+	}
+	var id []byte
+	err := l.db.QueryRowContext(ctx, l.sql.selectMeta).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) || (err != nil && l.dialect.missing(err)) {
+		return nil, fmt.Errorf("idemsql: the ledger's database has no %s_meta table or row: call Migrate first", l.table)
+	}
+	if err != nil {
+		return nil, l.explain("read the database's id", err)
+	}
+	l.id = id
+	return id, nil
+}
+
+// explain wraps an error of the database with what was being done, and
+// with the fix for the errors whose fix is known.
+func (l *Ledger) explain(doing string, err error) error {
+	switch {
+	case l.dialect.missing(err):
+		return fmt.Errorf("idemsql: %s: the table %s is missing (call Migrate first): %w", doing, l.table, err)
+	case l.dialect.busy(err):
+		return fmt.Errorf("idemsql: %s: SQLite was locked by another writer longer than it waits: open it with _busy_timeout=10000 and _txlock=immediate (see the package doc): %w", doing, err)
+	}
+	return fmt.Errorf("idemsql: %s: %w", doing, err)
+}

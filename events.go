@@ -149,7 +149,10 @@ type Event struct {
 	Owned time.Duration
 	// Err is the error Do returned, for an outcome; nil for a step and for
 	// executed and replayed calls (a replayed permanent failure carries
-	// its *StoredError).
+	// its *StoredError). Unless WithRawEventKeys(true), it wraps that error
+	// with the key in its message replaced by the digest (see
+	// Client.LogAttrs): errors.Is and errors.As see the error Do returned,
+	// and a log of Err.Error() does not reveal the key.
 	Err error
 }
 
@@ -472,6 +475,7 @@ func (c *Client) report(ctx context.Context, st *callState, err error, returned 
 		return
 	}
 	e.Key = c.eventKey(st.key)
+	e.Err = c.redact(st.key, e.Key, err)
 	if c.cfg.rawEventKeys {
 		e.RawKey = st.key
 	}
@@ -541,7 +545,8 @@ func EventKeyDigest(secret []byte, key string) string {
 // unrecorded outcomes at Error (fn acted and its outcome is not stored),
 // takeovers, errors and calls that ran out of wait at Warn, the rest at
 // Debug. Each record carries the kind, the key's digest, the attempt, the
-// durations and the error.
+// durations and the error, whose message names the key by its digest (the
+// key itself only with WithRawEventKeys(true), as Client.LogAttrs says).
 func LogObserver(l *slog.Logger) Observer {
 	return ObserverFunc(func(ctx context.Context, e Event) {
 		level := slog.LevelDebug

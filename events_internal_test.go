@@ -34,3 +34,15 @@ func TestNoNotesWithoutObserver(t *testing.T) {
 		t.Fatalf("%v allocations per call once a CallInfo was used", n)
 	}
 }
+
+// keyOf undoes keys: the key back from its record's Redis key, braces and
+// backslashes included.
+func TestKeyOf(t *testing.T) {
+	c := &Client{cfg: defaultConfig()}
+	c.cfg.prefix = "svc:idem"
+	for _, k := range []string{"k", "a}b", `a\b`, `\c`, `}\\}`, "{x}", "\x00\xff", "0:scope-key"} {
+		if got := c.keyOf(c.recordKey(k)); got != k {
+			t.Errorf("keyOf(%q) = %q, want %q", c.recordKey(k), got, k)
+		}
+	}
+}

@@ -1,4 +1,5 @@
-// fingerprint.go: Fingerprint, a stable digest of an operation's parameters.
+// fingerprint.go: Fingerprint, a stable digest of an operation's parameters,
+// and FingerprintJSON, of a JSON text.
 
 package idem
 
@@ -8,12 +9,15 @@ import (
 	"encoding"
 	"encoding/binary"
 	"encoding/hex"
+	"hash"
 	"math"
 	"reflect"
 	"slices"
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/idem-go/idem/internal/jcs"
 )
 
 // Fingerprint returns a stable digest of an operation's parameters, to pass
@@ -57,11 +61,17 @@ import (
 // Fingerprint read unexported fields and marshalers.
 func Fingerprint(parts ...any) string {
 	var b bytes.Buffer
-	e := fpEncoder{b: &b}
+	e := fpEncoder{b: &b, top: true}
 	for _, p := range parts {
 		e.value(addressable(reflect.ValueOf(p)))
 	}
-	sum := sha256.Sum256(b.Bytes())
+	var sum [sha256.Size]byte
+	if e.h == nil {
+		sum = sha256.Sum256(b.Bytes())
+	} else {
+		e.h.Write(b.Bytes())
+		copy(sum[:], e.h.Sum(nil))
+	}
 	return hex.EncodeToString(sum[:16])
 }
 
@@ -71,6 +81,11 @@ func Fingerprint(parts ...any) string {
 // receivers and unexported state can be reached.
 type fpEncoder struct {
 	b *bytes.Buffer
+	// h is the hash that a large encoding streams into, once it has
+	// outgrown fpSpill: what b holds then goes there. top is whether b is
+	// the encoding itself, not a map entry's (sorted before it is written).
+	h   hash.Hash
+	top bool
 	// path holds the pointers, maps and slices being encoded, outermost
 	// first; on holds their positions in path, to find a cycle at once.
 	path []fpRef
@@ -93,6 +108,9 @@ var (
 
 // value writes v, which is invalid (a nil part) or addressable.
 func (e *fpEncoder) value(v reflect.Value) {
+	if e.top && e.b.Len() >= fpSpill {
+		e.spill()
+	}
 	b := e.b
 	if !v.IsValid() {
 		b.WriteByte('0')
@@ -138,10 +156,14 @@ func (e *fpEncoder) value(v reflect.Value) {
 		writeUint(b, math.Float64bits(imag(v.Complex())))
 	case reflect.String:
 		b.WriteByte('s')
-		writeBytes(b, []byte(v.String()))
+		e.large(stringBytes(v.String()))
 	case reflect.Slice, reflect.Array:
 		if t.Elem().Kind() == reflect.Uint8 {
 			b.WriteByte('B')
+			if t.Kind() == reflect.Slice || v.CanAddr() {
+				e.large(v.Bytes())
+				return
+			}
 			by := make([]byte, v.Len())
 			reflect.Copy(reflect.ValueOf(by), v)
 			writeBytes(b, by)
@@ -204,7 +226,8 @@ func (e *fpEncoder) mapEntries(v reflect.Value) {
 	writeUint(e.b, uint64(v.Len()))
 	type entry struct{ k, v []byte }
 	entries := make([]entry, 0, v.Len())
-	outer := e.b
+	outer, top := e.b, e.top
+	e.top = false
 	it := v.MapRange()
 	for it.Next() {
 		var kb, vb bytes.Buffer
@@ -214,7 +237,7 @@ func (e *fpEncoder) mapEntries(v reflect.Value) {
 		e.value(addressable(it.Value()))
 		entries = append(entries, entry{kb.Bytes(), vb.Bytes()})
 	}
-	e.b = outer
+	e.b, e.top = outer, top
 	// By key; by value too, for keys that encode alike (NaNs).
 	slices.SortFunc(entries, func(x, y entry) int {
 		if c := bytes.Compare(x.k, y.k); c != 0 {
@@ -336,6 +359,33 @@ func marshal(v reflect.Value, m fpMarshaler) (data []byte, ok bool) {
 	return data, err == nil
 }
 
+// fpSpill is the size from which an encoding streams into the hash.
+const fpSpill = 64 << 10
+
+// spill moves what e.b holds into the hash.
+func (e *fpEncoder) spill() {
+	if e.h == nil {
+		e.h = sha256.New()
+	}
+	e.h.Write(e.b.Bytes())
+	e.b.Reset()
+}
+
+// large writes p as writeBytes does, straight into the hash when it is
+// large: a large string or byte slice is hashed where it lies.
+func (e *fpEncoder) large(p []byte) {
+	if !e.top || len(p) < fpSpill {
+		writeBytes(e.b, p)
+		return
+	}
+	writeUint(e.b, uint64(len(p)))
+	e.spill()
+	e.h.Write(p)
+}
+
+// stringBytes returns the bytes of s without a copy, for a hash to read.
+func stringBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
 func writeUint(b *bytes.Buffer, x uint64) {
 	var buf [8]byte
 	binary.BigEndian.PutUint64(buf[:], x)
@@ -345,4 +395,33 @@ func writeUint(b *bytes.Buffer, x uint64) {
 func writeBytes(b *bytes.Buffer, p []byte) {
 	writeUint(b, uint64(len(p)))
 	b.Write(p)
+}
+
+// FingerprintJSON returns a fingerprint of a JSON text, to pass to Do:
+// texts that are one JSON value once canonicalised under RFC 8785 (the
+// JSON Canonicalization Scheme) get one fingerprint, whatever their
+// member order and whitespace, so that {"a":1,"b":2} and { "b":2, "a":1 }
+// are one operation. It has the format of Fingerprint's (32 hexadecimal
+// digits) but never equals a Fingerprint of anything.
+//
+// Invalid JSON is an error, and so is what RFC 8785 refuses: invalid
+// UTF-8, a lone surrogate, two members of one name, a number beyond a
+// double's range, nesting deeper than 10000. Its cost is linear in the
+// text's size.
+//
+// Numbers are compared as IEEE 754 doubles, as RFC 8785 prescribes:
+// 1, 1.0 and 1e0 are one number, and so are integers that differ only
+// beyond 2^53 (9007199254740993 and 9007199254740992). Send values that
+// must compare exactly (large ids, amounts with more than 15 significant
+// digits) as JSON strings, or see httpidem.DefaultFingerprint, which
+// compares numbers exactly.
+//
+// The fingerprint of a JSON text is stable across releases: a change to it
+// is a breaking change (golden values pin it in the tests).
+func FingerprintJSON(body []byte) (string, error) {
+	c, err := jcs.Canonical(body)
+	if err != nil {
+		return "", err
+	}
+	return jcs.Digest(c), nil
 }

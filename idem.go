@@ -109,6 +109,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-go/idem/internal/codec"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -228,6 +229,14 @@ type attemptKey struct{}
 
 // AttemptFrom returns the Attempt that ctx belongs to. It reports false
 // outside the fn of a Do call.
+//
+// fn's context ends when the lease is lost, or when the owner's lease
+// deadline passes without a renewal (cause ErrLeaseLost), but its
+// Deadline() is the caller's context's (none if the caller set none): the
+// lease deadline moves with every renewal, so it is not reported as a
+// deadline. Check ctx.Err() before each side effect, and bound a
+// downstream call by a timeout shorter than the lease (WithLease), not by
+// ctx.Deadline().
 func AttemptFrom(ctx context.Context) (Attempt, bool) {
 	a, ok := ctx.Value(attemptKey{}).(*Attempt)
 	if !ok {
@@ -303,9 +312,14 @@ func (c *Client) do(ctx context.Context, key, fingerprint string, fn func(contex
 // back as another integer type), unexported fields and fields tagged
 // msgpack:"-" (they would come back zero), channels, funcs, complex
 // numbers, pointers to pointers, slices or maps (a pointer to nil is
-// stored as nil), map keys that hold pointers or times, and a marshaler
-// without its unmarshaler. Hold such state in a type with a marshaler, or
-// use Client.Do with bytes of your own.
+// stored as nil), map keys that hold pointers or times, a marshaler
+// without its unmarshaler, and msgpack's omitempty (on a field, or on a
+// struct's _msgpack field) on a field that would come back as another
+// value: a slice or map (empty comes back nil), a float (-0 comes back
+// 0), a struct, or a type with an IsZero method. omitempty on booleans,
+// integers, strings, pointers and arrays is accepted: their empty value is
+// Go's zero value. Hold such state in a type with a marshaler, or use
+// Client.Do with bytes of your own.
 //
 // Changing T keeps stored results readable where nothing is lost: a field
 // added to T decodes as its zero value, and a number decodes into any
@@ -321,9 +335,9 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 	if fn == nil {
 		return zero, errors.New("idem: Do called with a nil fn")
 	}
-	codec := codecFor(reflect.TypeFor[T]())
-	if codec.err != nil {
-		return zero, codec.err
+	rc := codec.For(reflect.TypeFor[T]())
+	if err := rc.Err(); err != nil {
+		return zero, fmt.Errorf("%w: %v", ErrEncode, err)
 	}
 	var (
 		own   T
@@ -332,12 +346,12 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 	b, err := c.Do(ctx, key, fingerprint, func(ctx context.Context) ([]byte, error) {
 		p := pendingIn(ctx)
 		if p != nil {
-			p.setCodec(codec.t.String(), func(v any) ([]byte, error) {
+			p.setCodec(rc.Type().String(), func(v any) ([]byte, error) {
 				t, ok := v.(T)
 				if !ok {
-					return nil, fmt.Errorf("the typed Do records a %s, not a %T", codec.t, v)
+					return nil, fmt.Errorf("the typed Do records a %s, not a %T", rc.Type(), v)
 				}
-				return codec.encode(&t)
+				return rc.Encode(&t)
 			})
 		}
 		v, err := fn(ctx)
@@ -354,10 +368,10 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 			return nil, err
 		}
 		own, owned = v, true
-		b, err := codec.encode(&v)
+		b, err := rc.Encode(&v)
 		if err != nil {
 			// fn has acted: record the failure rather than run it again.
-			return nil, Permanent(fmt.Errorf("%w: key %q: %s: %v", ErrEncode, key, codec.t, err))
+			return nil, Permanent(fmt.Errorf("%w: key %q: %s: %v", ErrEncode, key, rc.Type(), err))
 		}
 		return b, nil
 	})
@@ -368,8 +382,8 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 		return zero, err
 	}
 	var v T
-	if err := codec.decode(b, &v); err != nil {
-		return zero, fmt.Errorf("%w: key %q: %s: %v", ErrDecode, key, codec.t, err)
+	if err := rc.Decode(b, &v); err != nil {
+		return zero, fmt.Errorf("%w: key %q: %s: %v", ErrDecode, key, rc.Type(), err)
 	}
 	return v, nil
 }
@@ -394,7 +408,7 @@ func digest(fingerprint string) string {
 	if fingerprint == "" {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(fingerprint))
+	sum := sha256.Sum256(stringBytes(fingerprint)) // no copy: it may be large
 	return string(sum[:16])
 }
 

@@ -490,7 +490,10 @@ func nil2(context.Context) ([]byte, error) { return nil, errors.New("a waiter ra
 
 func TestCrashedOwnerTakenOver(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		const lease = 200 * time.Millisecond
+		// A second: with 200ms, on a loaded machine the dead owner's lease
+		// ended before the first call, or the takeover's claim came back
+		// with too little of its lease (TestSuiteBesideBusyGoroutines).
+		const lease = time.Second
 		c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
 		ctx := context.Background()
 		rk := idem.RecordKey(c, "k")
@@ -550,7 +553,9 @@ func TestStaleOwnerLosesLease(t *testing.T) {
 
 func TestLeaseLossCancelsFn(t *testing.T) {
 	b := newRedis(t, redistest.Config{})
-	c := b.idem(t, idem.WithLease(60*time.Millisecond), idem.WithWait(0))
+	// A second: with 60ms, on a loaded machine the claim came back with too
+	// little of its lease and fn did not run (TestSuiteBesideBusyGoroutines).
+	c := b.idem(t, idem.WithLease(time.Second), idem.WithWait(0))
 	ctx := context.Background()
 	rk := idem.RecordKey(c, "k")
 	cause := make(chan error, 1)
@@ -580,7 +585,9 @@ func TestLeaseLossCancelsFn(t *testing.T) {
 
 func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 	b := newRedis(t, redistest.Config{})
-	const lease = 90 * time.Millisecond
+	// A second: with 90ms, a loaded machine delayed renewals past the lease
+	// (TestSuiteBesideBusyGoroutines).
+	const lease = time.Second
 	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
 	ctx := context.Background()
 	var l ledger
@@ -597,7 +604,7 @@ func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 	}()
 	<-inFn
 	// Several leases later, the owner still holds the key.
-	time.Sleep(4 * lease)
+	time.Sleep(3 * lease)
 	if _, err := c.Do(ctx, "k", "fp", l.fn("dup")); !errors.Is(err, idem.ErrInProgress) {
 		t.Fatalf("during a renewed lease: got %v, want ErrInProgress", err)
 	}
@@ -617,7 +624,9 @@ func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 // long fn must keep its key, and every fn run once.
 func TestManyLeasesRenewed(t *testing.T) {
 	b := newRedis(t, redistest.Config{})
-	const lease = 90 * time.Millisecond
+	// A lease of a second: with 90ms, a loaded machine delayed renewals past
+	// the lease and every long fn lost its key (TestSuiteBesideBusyGoroutines).
+	const lease = time.Second
 	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
 	ctx := context.Background()
 	var l ledger
@@ -664,5 +673,36 @@ func TestManyLeasesRenewed(t *testing.T) {
 		if key := fmt.Sprintf("k%d", i); l.count(key) != 1 {
 			t.Errorf("%s: fn ran %d times, want 1", key, l.count(key))
 		}
+	}
+}
+
+// fn's context reports the caller's deadline, or none, not the lease's
+// (which renewals move): documented at AttemptFrom. It still ends when
+// the lease does (TestHangingRenewalEndsFnContext).
+func TestFnDeadlineIsTheCallers(t *testing.T) {
+	b := newMiniredis(t)
+	c := b.idem(t, idem.WithLease(time.Second))
+	type seen struct {
+		at time.Time
+		ok bool
+	}
+	deadlineIn := func(ctx context.Context, key string) seen {
+		var s seen
+		if _, err := c.Do(ctx, key, "", func(ctx context.Context) ([]byte, error) {
+			s.at, s.ok = ctx.Deadline()
+			return nil, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := deadlineIn(context.Background(), "no-deadline"); s.ok {
+		t.Errorf("a caller without a deadline: fn's context has one, %v", s.at)
+	}
+	want := time.Now().Add(time.Hour)
+	ctx, cancel := context.WithDeadline(context.Background(), want)
+	defer cancel()
+	if s := deadlineIn(ctx, "deadline"); !s.ok || !s.at.Equal(want) {
+		t.Errorf("fn's deadline %v (%v), want the caller's %v", s.at, s.ok, want)
 	}
 }

@@ -69,6 +69,7 @@ type Pending struct {
 	encode func(v any) ([]byte, error) // guarded by mu; Do[T]'s, nil for Client.Do
 	typ    string                      // guarded by mu; the result type's name, for errors
 	closed bool                        // guarded by mu; fn returned
+	tried  bool                        // guarded by mu; an entry was made: a commit was under way
 	// The call's outcome, once a commit decided it; guarded by mu.
 	outcome *Entry
 	mine    bool // the outcome is this call's own commit
@@ -130,6 +131,7 @@ func (p *Pending) Entry(v any) (Entry, error) {
 	p.mu.Lock()
 	encode, typ := p.encode, p.typ
 	err := p.usable()
+	p.tried = true
 	p.mu.Unlock()
 	if err != nil {
 		return Entry{}, err
@@ -159,6 +161,7 @@ func (p *Pending) FailureEntry(err error) (Entry, error) {
 	}
 	p.mu.Lock()
 	uerr := p.usable()
+	p.tried = true
 	p.mu.Unlock()
 	if uerr != nil {
 		return Entry{}, uerr
@@ -210,12 +213,13 @@ func (p *Pending) setCodec(typ string, encode func(any) ([]byte, error)) {
 
 // close ends the commits of the call (fn has returned) and returns its
 // outcome, if a commit decided it, with whether it is this call's own
-// commit and the value committed.
-func (p *Pending) close() (e *Entry, mine bool, v any) {
+// commit and the value committed; and whether a commit was tried without
+// deciding it (it failed, or its end is unknown).
+func (p *Pending) close() (e *Entry, mine bool, v any, undecided bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
-	return p.outcome, p.mine, p.value
+	return p.outcome, p.mine, p.value, p.tried && p.outcome == nil
 }
 
 // decided returns the call's outcome as close does, without closing p.

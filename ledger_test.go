@@ -532,3 +532,34 @@ func TestLedgerPendingNamesTheLedger(t *testing.T) {
 		}
 	})
 }
+
+// fn that swallows a failed commit and returns success does not get its
+// result stored: the ledger has no row, so Redis must not have one either.
+func TestLedgerSuccessAfterFailedCommit(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		ctx := context.Background()
+		l := newMemLedger()
+		c := b.idem(t, idem.WithLedger(l))
+		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			p, err := idem.PendingFrom(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := p.Entry([]byte("lost")); err != nil {
+				return nil, err
+			}
+			// The helper's COMMIT failed; fn ignores it.
+			return []byte("lost"), nil
+		})
+		if err == nil || !strings.Contains(err.Error(), "ledger commit did not complete") {
+			t.Fatalf("Do: %v; want an error saying the commit did not complete", err)
+		}
+		faultWantStatus(t, b, "k", idem.StateReleased, 1)
+		got, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
+			return []byte("kept"), commit(ctx, l, []byte("kept"))
+		})
+		if err != nil || string(got) != "kept" || l.lookups.Load() != 1 {
+			t.Fatalf("next call: %q, %v, %d lookups; want kept after one lookup", got, err, l.lookups.Load())
+		}
+	})
+}

@@ -3,11 +3,12 @@
 package idem
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem/internal/slogdefault"
 )
 
 // An Option configures a Client. Pass options to New.
@@ -47,7 +48,7 @@ func defaultConfig() config {
 		maxKeyLen:     512,
 		maxResultSize: 1 << 20,
 		pipelines:     defaultPipelines,
-		logger:        slog.New(defaultHandler{}),
+		logger:        slog.New(slogdefault.Handler{}),
 	}
 }
 
@@ -205,7 +206,8 @@ func (c *Client) MaxResultSize() int { return c.cfg.maxResultSize }
 
 // WithLogger sets the logger for what the Client notices on its own: a Redis
 // eviction policy that can drop live claims, failures to renew a lease or
-// to release a claim. A nil logger discards.
+// to release a claim. Records name keys by their digest (see LogAttrs). A
+// nil logger discards.
 // The default is slog.Default(), as it is when a message is logged.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
@@ -214,27 +216,6 @@ func WithLogger(l *slog.Logger) Option {
 		}
 		c.logger = l
 	}
-}
-
-// defaultHandler sends each record to the handler of slog.Default() at the
-// time it is logged, so that a program that sets its default logger after
-// New still gets the Client's warnings.
-type defaultHandler struct{}
-
-func (defaultHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return slog.Default().Handler().Enabled(ctx, l)
-}
-
-func (defaultHandler) Handle(ctx context.Context, r slog.Record) error {
-	return slog.Default().Handler().Handle(ctx, r)
-}
-
-func (defaultHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return slog.Default().Handler().WithAttrs(attrs)
-}
-
-func (defaultHandler) WithGroup(name string) slog.Handler {
-	return slog.Default().Handler().WithGroup(name)
 }
 
 // WithReplicas makes every claim and every recorded outcome wait until n

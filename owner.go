@@ -23,11 +23,11 @@ func (c *Client) release(ctx context.Context, keys []string, token string, unkno
 	switch {
 	case err == nil:
 	case unknown:
-		c.cfg.logger.Debug("idem: could not give back a claim whose reply was lost (it may never have been made; if it was, the key stays claimed until the lease ends)",
-			"record", keys[0], "error", err)
+		c.cfg.logger.LogAttrs(context.Background(), slog.LevelDebug,
+			"idem: could not give back a claim whose reply was lost (it may never have been made; if it was, the key stays claimed until the lease ends)",
+			c.LogAttrs(c.keyOf(keys[0]), err)...)
 	default:
-		c.cfg.logger.Warn("idem: could not release a claim; the key stays claimed until the lease ends",
-			"record", keys[0], "error", err)
+		c.warnRecord("idem: could not release a claim; the key stays claimed until the lease ends", keys[0], err)
 	}
 }
 
@@ -47,12 +47,12 @@ func (c *Client) giveBack(ctx context.Context, keys []string, token string, caus
 	unknown := cause != nil && !errors.Is(cause, ErrNotReplicated) // a claim not replicated was made
 	if c.releasing.Add(1) > maxBackgroundReleases {
 		c.releasing.Add(-1)
-		level := slog.LevelWarn
 		if unknown {
-			level = slog.LevelDebug
+			c.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "idem: too many releases under way; the claim, if it was made, stays until the lease ends",
+				c.LogAttrs(c.keyOf(keys[0]), nil)...)
+		} else {
+			c.warnRecord("idem: too many releases under way; the key stays claimed until the lease ends", keys[0], nil)
 		}
-		c.cfg.logger.Log(ctx, level, "idem: too many releases under way; the claim, if made, stays until the lease ends",
-			"record", keys[0])
 		return
 	}
 	done := make(chan struct{})
@@ -171,12 +171,20 @@ func (c *Client) own(ctx context.Context, key string, keys []string, fp, token s
 	fctx.steps.end()
 	c.renewals.stop(&o.lease)
 	if p != nil {
-		if e, mine, v := p.close(); e != nil {
+		e, mine, v, undecided := p.close()
+		if e != nil {
 			res, err, retry = c.finishFromLedger(ctx, key, keys, fp, token, claimed, n, e, mine, err)
 			if ferr, ok := v.(error); ok && mine && e.Failed {
 				err = ferr // the owner's own error, as without a ledger
 			}
 			return res, err, retry
+		}
+		if undecided && err == nil {
+			// fn tried to commit and did not, yet returned success: storing
+			// its result in Redis would record an outcome the ledger lacks.
+			// Transient: the next attempt's lookup tells whether the
+			// commit landed after all.
+			err = fmt.Errorf("idem: key %q: fn returned success, but its ledger commit did not complete: nothing is recorded, and the next call looks the ledger up", key)
 		}
 	}
 	switch {
@@ -242,8 +250,7 @@ func (c *Client) finishFromLedger(ctx context.Context, key string, keys []string
 		c.release(ctx, keys, token, false)
 	}
 	if mine && !e.Failed && fnErr != nil {
-		c.cfg.logger.Warn("idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands",
-			"key_digest", c.eventKey(key), "error", fnErr)
+		c.warnKey(ctx, "idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands", key, fnErr)
 	}
 	c.observeLedger(ctx, key, mine, e.Failed)
 	res, err = ledgerOutcome(key, fp, e)

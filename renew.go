@@ -202,7 +202,7 @@ func (c *Client) renewLoop(r *renewal) {
 				r.ctx.cancel(fmt.Errorf("%w: another caller took over the key", ErrLeaseLost))
 				return
 			default:
-				c.cfg.logger.Warn("idem: lease renewal failed", "record", r.keys[0], "error", rep.err)
+				c.warnRecord("idem: lease renewal failed", r.keys[0], rep.err)
 			}
 		}
 	}

@@ -15,6 +15,8 @@ import (
 	"reflect"
 	"sync"
 	"time"
+
+	"github.com/idem-go/idem/internal/codec"
 )
 
 // Step runs fn once per operation as the step called name of the Do call
@@ -51,9 +53,9 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	if fn == nil {
 		return zero, fmt.Errorf("idem: step %q: nil fn", name)
 	}
-	codec := codecFor(reflect.TypeFor[T]())
-	if codec.err != nil {
-		return zero, fmt.Errorf("idem: step %q: %w", name, codec.err)
+	rc := codec.For(reflect.TypeFor[T]())
+	if err := rc.Err(); err != nil {
+		return zero, fmt.Errorf("idem: step %q: %w: %v", name, ErrEncode, err)
 	}
 	if err := s.reserve(name); err != nil {
 		return zero, err
@@ -72,8 +74,8 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 				return zero, readFailure(cp[1:])
 			}
 			var v T
-			if err := codec.decode([]byte(cp[1:]), &v); err != nil {
-				return zero, fmt.Errorf("%w: key %q, step %q: %s: %v", ErrDecode, s.key, name, codec.t, err)
+			if err := rc.Decode([]byte(cp[1:]), &v); err != nil {
+				return zero, fmt.Errorf("%w: key %q, step %q: %s: %v", ErrDecode, s.key, name, rc.Type(), err)
 			}
 			return v, nil
 		}
@@ -86,10 +88,10 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	if err != nil {
 		return zero, s.fail(ctx, name, err)
 	}
-	b, err := codec.encode(&v)
+	b, err := rc.Encode(&v)
 	if err != nil {
 		// fn has acted: checkpoint the failure rather than run it again.
-		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w: key %q, step %q: %s: %v", ErrEncode, s.key, name, codec.t, err)))
+		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w: key %q, step %q: %s: %v", ErrEncode, s.key, name, rc.Type(), err)))
 	}
 	max := s.c.cfg.maxResultSize
 	if len(b) > max {

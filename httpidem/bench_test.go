@@ -123,3 +123,54 @@ func benchRedisAddr(b *testing.B) string {
 	b.Logf("redis-server not found: the benchmark runs on miniredis")
 	return miniredis.RunT(b).Addr()
 }
+
+// BenchmarkHostileBodies measures the middleware on the request bodies of
+// FAULTS.md row 41, each sent with a new key: an object of 80,000 members
+// (880 KB) and objects nested 10,000 deep (970 KB), under the default 1 MiB
+// body limit, on miniredis. One op is one request: run with
+// -benchtime=1x -benchmem.
+func BenchmarkHostileBodies(b *testing.B) {
+	mr := miniredis.RunT(b)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	b.Cleanup(func() { _ = rdb.Close() })
+	keys := idem.New(rdb)
+	b.Cleanup(func() { _ = keys.Close() })
+	h := httpidem.New(keys)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	var wide, deep bytes.Buffer
+	wide.WriteByte('{')
+	for i := range 80000 {
+		if i > 0 {
+			wide.WriteByte(',')
+		}
+		fmt.Fprintf(&wide, `"m%06d":1`, i)
+	}
+	wide.WriteByte('}')
+	pad := bytes.Repeat([]byte("x"), 80)
+	for range 10000 {
+		fmt.Fprintf(&deep, `{"pad":"%s","a":`, pad)
+	}
+	deep.WriteString("0" + string(bytes.Repeat([]byte("}"), 10000)))
+	for _, tc := range []struct {
+		name string
+		body []byte
+	}{{"members=80000", wide.Bytes()}, {"depth=10000", deep.Bytes()}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(tc.body)))
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(tc.body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set(httpidem.HeaderIdempotencyKey, fmt.Sprintf("hostile-%s-%d", tc.name, i))
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				if w.Code != http.StatusCreated {
+					b.Fatalf("%d: %s", w.Code, w.Body)
+				}
+			}
+		})
+	}
+}

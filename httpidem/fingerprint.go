@@ -4,13 +4,15 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"hash"
 	"mime"
 	"net/http"
 	"net/url"
 	"strings"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/jcs"
 )
 
 // DefaultFingerprint is the fingerprint of a request unless WithFingerprint
@@ -24,14 +26,21 @@ import (
 //     sorted (as sent if it does not parse); a JSON media type without
 //     its parameters (JSON has none: a charset changes nothing);
 //   - the body: for a JSON media type (application/json or any
-//     application/*+json), its canonical form (idem.FingerprintJSON, RFC
-//     8785), so that the order of members and whitespace do not count; for
-//     any other media type, or JSON that does not parse, the bytes as sent.
+//     application/*+json), its canonical form (RFC 8785), so that the
+//     order of members and whitespace do not count; for any other media
+//     type, or JSON that does not parse, the bytes as sent.
+//
+// JSON numbers are compared by their exact decimal value, not as RFC
+// 8785's doubles: 100, 100.0 and 1e2 are one amount, but 9007199254740993
+// and 9007199254740992 (which differ beyond 2^53) are two, and a key
+// reused with the other gets 422. A number that is the shortest decimal of
+// its double (nearly every number people write) has the fingerprint it had
+// with doubles. JSON nested deeper than 10000 levels is an error (400).
 //
 // Headers other than Content-Type, the host and the scheme are not part of
 // it; wrap DefaultFingerprint to add what else tells your requests apart.
 // Its values are stable across releases: records stored by one release are
-// matched by the next. It never returns an error.
+// matched by the next. Its cost is linear in the body's size.
 func DefaultFingerprint(r *http.Request, body []byte) (string, error) {
 	h := sha256.New()
 	field(h, "httpidem/v1")
@@ -41,10 +50,14 @@ func DefaultFingerprint(r *http.Request, body []byte) (string, error) {
 	mt, isJSON := mediaType(r.Header.Get("Content-Type"))
 	field(h, mt)
 	if isJSON {
-		if fp, err := idem.FingerprintJSON(body); err == nil {
+		c, err := jcs.CanonicalExact(body)
+		switch {
+		case err == nil:
 			field(h, "json")
-			field(h, fp)
+			field(h, jcs.Digest(c))
 			return digest(h), nil
+		case errors.Is(err, jcs.ErrTooDeep):
+			return "", fmt.Errorf("the JSON body is nested deeper than %d levels", jcs.MaxDepth)
 		}
 	}
 	field(h, "raw")

@@ -71,10 +71,13 @@ func TestDefaultFingerprint(t *testing.T) {
 func TestDefaultFingerprintGolden(t *testing.T) {
 	// Computed apart from this code: the first 16 bytes of SHA-256 over the
 	// fields (each after its length as a uvarint) "httpidem/v1", method,
-	// path, sorted query, media type, then "json" and FingerprintJSON of
-	// the body, or "raw" and the body.
+	// path, sorted query, media type, then "json" and idem.FingerprintJSON of
+	// the body (whose numbers are then the shortest decimals of their
+	// doubles; for another number, the same digest over the canonical form
+	// with the number's own digits), or "raw" and the body.
 	for _, tc := range []struct{ method, target, ctype, body, want string }{
 		{"POST", "/debits", "application/json", `{"account":"A","amount":100}`, "05d54602d5f98bb98ec3bdf5ffe1865e"},
+		{"POST", "/debits", "application/json", `{ "amount": 9007199254740993 }`, "848aa92163fd791cfb77eaa784a15ceb"},
 		{"PATCH", "/a/b?z=1&y=2", "text/plain; charset=utf-8", "hello", "eb69cf8eb7a58ef61e0e8a38d2b55b1e"},
 		{"POST", "/", "", "", "d131b3e6dfde09eba4460f678a2096b2"},
 	} {
@@ -88,6 +91,54 @@ func TestDefaultFingerprintGolden(t *testing.T) {
 		}
 		if got != tc.want {
 			t.Errorf("%s %s %q %q: %s, want %s", tc.method, tc.target, tc.ctype, tc.body, got, tc.want)
+		}
+	}
+}
+
+// JSON numbers are compared by their exact decimal value: amounts that
+// differ only beyond 2^53 (or beyond a double's 17 digits) are two
+// requests, though RFC 8785 reads them as one double; spellings of one
+// value (1, 1.0, 1e0, 10E-1) are one request.
+func TestDefaultFingerprintExactNumbers(t *testing.T) {
+	fp := func(body string) string { return fingerprint(t, "POST", "/", "application/json", body) }
+	for _, pair := range [][2]string{
+		{`{"amount":9007199254740993}`, `{"amount":9007199254740992}`},
+		{`{"amount":12345678901234567890123}`, `{"amount":12345678901234567890124}`},
+		{`{"rate":0.1}`, `{"rate":0.10000000000000001}`},
+		{`{"rate":1e-400}`, `{"rate":0}`},
+		{`[1.00000000000000000001]`, `[1]`},
+	} {
+		if fp(pair[0]) == fp(pair[1]) {
+			t.Errorf("%s and %s share a fingerprint", pair[0], pair[1])
+		}
+	}
+	for _, group := range [][]string{
+		{`{"amount":100}`, `{"amount":100.0}`, `{"amount":1e2}`, `{"amount":1000E-1}`, `{"amount":100.000000000000000000000}`},
+		{`{"amount":9007199254740993}`, `{"amount":9007199254740993.0}`, `{"amount":90071992547409930e-1}`},
+		{`[0]`, `[-0]`, `[0.0e10]`},
+		{`[1e21]`, `[1000000000000000000000]`},
+	} {
+		for _, body := range group[1:] {
+			if fp(body) != fp(group[0]) {
+				t.Errorf("%s and %s have different fingerprints", body, group[0])
+			}
+		}
+	}
+}
+
+// JSON nested deeper than 10,000 levels is refused with 400 (its
+// canonical form is not computed, and it is not fingerprinted as bytes).
+func TestDefaultFingerprintTooDeep(t *testing.T) {
+	for depth, ok := range map[int]bool{10000: true, 10001: false} {
+		body := strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth)
+		r := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		_, err := httpidem.DefaultFingerprint(r, []byte(body))
+		if ok != (err == nil) {
+			t.Errorf("depth %d: %v", depth, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "deeper than 10000") {
+			t.Errorf("depth %d: error %q does not give the limit", depth, err)
 		}
 	}
 }

@@ -33,7 +33,8 @@
 //	  or sent twice
 //	key missing under WithRequired                400     problem+json, ProblemKeyMissing
 //	body over WithMaxBody                         413     problem+json, ProblemBodyTooLarge
-//	body unreadable, or WithFingerprint failed    400     problem+json, ProblemBadRequest
+//	body unreadable, JSON nested over 10000       400     problem+json, ProblemBadRequest
+//	  levels, or WithFingerprint failed
 //	WithScope failed                              401     problem+json, ProblemScope (or the error's StatusCode());
 //	                                                      WWW-Authenticate from Unauthenticated
 //	retry after a response too large to store     500     problem+json, ProblemNotStored
@@ -50,7 +51,9 @@
 //
 // The status, the headers the handler set by the time it wrote the status
 // (all but the hop-by-hop ones, Date, Content-Length and trailers), and the
-// body. Headers that outer middleware set on the response stay; the
+// body. Without WithScope, the per-user headers (Set-Cookie,
+// Authentication-Info, Proxy-Authentication-Info) reach the first request's
+// client only and are not stored, unless WithKeepHeaders names them. Headers that outer middleware set on the response stay; the
 // handler's replace those of the same name. Content-Length is set from the
 // body. Responses with a 5xx status are not stored: the key is released,
 // and a retry runs the handler again (as idem.Attempt number 2: the handler
@@ -92,8 +95,10 @@
 // pairs share one; idemctl -scope PRINCIPAL reads its record. The Client's
 // idem.WithMaxKeyLen must leave room for the scope and its length: New
 // checks WithMaxKeyLen against it, and a key that does not fit with its
-// scope gets 400. A scope function that finds no credentials answers 401
-// with a challenge (WWW-Authenticate) by returning Unauthenticated.
+// scope gets 400. Without WithScope, keys are global: anyone who sends a
+// key with the same request gets its response; New logs that once. A
+// scope function that finds no credentials answers 401 with a challenge
+// (WWW-Authenticate) by returning Unauthenticated.
 //
 // # Waiting, and 409
 //
@@ -106,6 +111,14 @@
 // Client of its own with a shorter wait, idem.New(rdb,
 // idem.WithWait(2*time.Second)), or bound the request (a server's
 // WriteTimeout ends its context); WithWait(0) answers 409 at once.
+//
+// # Logs
+//
+// The middleware logs what it notices on its own (Redis unreachable,
+// responses not recorded or too large to store, unreadable records) to
+// slog.Default(), as the Client does, or to WithLogger's logger. Records
+// name keys by their digest (idem.Client.LogAttrs), never the key itself,
+// unless the Client was made with idem.WithRawEventKeys(true).
 //
 // # The handler's request
 //
@@ -129,12 +142,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/slogdefault"
 )
 
 // Header names.
@@ -160,6 +176,7 @@ type config struct {
 	maxResponse int // likewise
 	retryAfter  time.Duration
 	logger      *slog.Logger
+	keep        map[string]bool // per-user headers stored all the same (WithKeepHeaders)
 	problems    []string
 }
 
@@ -307,12 +324,39 @@ func WithRetryAfter(d time.Duration) Option {
 
 // WithLogger sets the logger for what the middleware notices on its own:
 // responses too large to store, responses not recorded, Redis failures,
-// unreadable records. A nil logger discards.
-// The default discards everything.
+// unreadable records, and, from New, that keys are global without
+// WithScope. Records name keys by their digest, as the Client's do
+// (idem.Client.LogAttrs). A nil logger discards.
+// The default is slog.Default(), as it is when a message is logged, as for
+// the Client.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
-		if l != nil {
-			c.logger = l
+		if l == nil {
+			l = slog.New(slog.DiscardHandler)
+		}
+		c.logger = l
+	}
+}
+
+// WithKeepHeaders names per-user response headers that are stored and
+// replayed even without WithScope. Without WithScope a key is global: its
+// replay goes to anyone who sends the key with the same request, so the
+// headers that belong to the first request's user (Set-Cookie,
+// Authentication-Info, Proxy-Authentication-Info) reach that user's
+// response only and are not stored. Names are case-insensitive.
+// The default keeps none of them without WithScope; with WithScope every
+// header is stored.
+func WithKeepHeaders(names ...string) Option {
+	return func(c *config) {
+		for _, n := range names {
+			if n == "" || strings.ContainsAny(n, " :\r\n\t") {
+				c.problem("WithKeepHeaders(%q): not a header name", n)
+				continue
+			}
+			if c.keep == nil {
+				c.keep = map[string]bool{}
+			}
+			c.keep[http.CanonicalHeaderKey(n)] = true
 		}
 	}
 }
@@ -329,7 +373,7 @@ func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 		fingerprint: DefaultFingerprint,
 		maxBody:     1 << 20,
 		retryAfter:  time.Second,
-		logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		logger:      slog.New(slogdefault.Handler{}),
 	}
 	if c == nil {
 		cfg.problem("nil *idem.Client")
@@ -343,11 +387,24 @@ func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 	if len(cfg.problems) > 0 {
 		panic(fmt.Sprintf("httpidem: invalid options: %s", strings.Join(cfg.problems, "; ")))
 	}
+	var private map[string]bool // per-user headers not stored
+	if cfg.scope == nil {
+		for _, h := range perUserHeaders {
+			if !cfg.keep[h] {
+				if private == nil {
+					private = map[string]bool{}
+				}
+				private[h] = true
+			}
+		}
+		cfg.logger.Info("httpidem: no WithScope: idempotency keys are global, so a key's response is replayed to anyone who sends the key with the same request; per-user headers are not stored",
+			"not_stored", strings.Join(slices.Sorted(maps.Keys(private)), ","))
+	}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("httpidem: nil handler")
 		}
-		return &middleware{c: c, cfg: cfg, next: next}
+		return &middleware{c: c, cfg: cfg, next: next, private: private}
 	}
 }
 
@@ -377,10 +434,15 @@ func (cfg *config) fitLimits(c *idem.Client) {
 }
 
 type middleware struct {
-	c    *idem.Client
-	cfg  config
-	next http.Handler
+	c       *idem.Client
+	cfg     config
+	next    http.Handler
+	private map[string]bool // canonical names of the headers not stored; nil: none
 }
+
+// perUserHeaders are the response headers that belong to the user who
+// sent the first request with a key (see WithKeepHeaders).
+var perUserHeaders = []string{"Set-Cookie", "Authentication-Info", "Proxy-Authentication-Info"}
 
 // ServeHTTP reads the key, the scope and the body, and runs the handler
 // under idem.Client.Do, or answers from the stored response.
@@ -436,22 +498,23 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// rec is set when fn runs: this request's handler ran, so its response
 	// is the original, not a replay.
 	var rec *recorder
-	res, err := m.c.Do(r.Context(), ScopedKey(scope, key), fp, func(ctx context.Context) ([]byte, error) {
-		rec = newRecorder(w, m.cfg.maxResponse)
+	key = ScopedKey(scope, key)
+	res, err := m.c.Do(r.Context(), key, fp, func(ctx context.Context) ([]byte, error) {
+		rec = newRecorder(w, m.cfg.maxResponse, m.private)
 		m.next.ServeHTTP(rec, r.WithContext(ctx))
 		return rec.outcome()
 	})
 	if rec != nil {
-		m.answerOwner(w, r, rec, err)
+		m.answerOwner(w, r, key, rec, err)
 		return
 	}
 	if err != nil {
-		m.answerError(w, r, err)
+		m.answerError(w, r, key, err)
 		return
 	}
 	resp, err := decodeResponse(res)
 	if err != nil {
-		m.cfg.logger.Error("httpidem: stored response unreadable", "key", key, "error", err)
+		m.log(r, key, slog.LevelError, "httpidem: stored response unreadable", err)
 		m.fail(w, ProblemServerError, http.StatusInternalServerError, "the stored response to this key cannot be read")
 		return
 	}
@@ -460,7 +523,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // answerOwner sends the response of the handler that ran in this request,
 // unless its outcome could not be recorded.
-func (m *middleware) answerOwner(w http.ResponseWriter, r *http.Request, rec *recorder, err error) {
+func (m *middleware) answerOwner(w http.ResponseWriter, r *http.Request, key string, rec *recorder, err error) {
 	var se *statusError
 	switch {
 	case rec.streamed:
@@ -468,28 +531,25 @@ func (m *middleware) answerOwner(w http.ResponseWriter, r *http.Request, rec *re
 		switch {
 		case errors.As(err, &se):
 		case errors.Is(err, errNotStored) && !errors.Is(err, idem.ErrNotRecorded) && !errors.Is(err, idem.ErrLeaseLost):
-			m.cfg.logger.Warn("httpidem: response larger than WithMaxResponse sent unbuffered and not stored; retries with its key get 500",
-				"method", r.Method, "path", r.URL.Path, "limit", m.cfg.maxResponse)
+			m.log(r, key, slog.LevelWarn, "httpidem: response larger than WithMaxResponse sent unbuffered and not stored; retries with its key get 500",
+				nil, slog.Int("limit", m.cfg.maxResponse))
 		case err != nil:
-			m.cfg.logger.Error("httpidem: the outcome of a response sent unbuffered was not recorded",
-				"method", r.Method, "path", r.URL.Path, "error", err)
+			m.log(r, key, slog.LevelError, "httpidem: the outcome of a response sent unbuffered was not recorded", err)
 		}
 	case err == nil, errors.As(err, &se):
 		rec.response().write(w, false)
 	case errors.Is(err, idem.ErrTooLarge):
-		m.cfg.logger.Warn("httpidem: response not stored: larger than the Client's WithMaxResultSize; retries get 500",
-			"method", r.Method, "path", r.URL.Path, "error", err)
+		m.log(r, key, slog.LevelWarn, "httpidem: response not stored: larger than the Client's WithMaxResultSize; retries get 500", err)
 		rec.response().write(w, false)
 	default:
-		m.cfg.logger.Error("httpidem: the handler ran but its response was not recorded",
-			"method", r.Method, "path", r.URL.Path, "error", err)
+		m.log(r, key, slog.LevelError, "httpidem: the handler ran but its response was not recorded", err)
 		m.fail(w, ProblemNotRecorded, http.StatusInternalServerError,
 			"the request was processed, but its response could not be recorded; a retry may run it again")
 	}
 }
 
 // answerError answers a request whose handler did not run here.
-func (m *middleware) answerError(w http.ResponseWriter, r *http.Request, err error) {
+func (m *middleware) answerError(w http.ResponseWriter, r *http.Request, key string, err error) {
 	var stored *idem.StoredError
 	switch {
 	case errors.Is(err, idem.ErrConflict):
@@ -509,17 +569,29 @@ func (m *middleware) answerError(w http.ResponseWriter, r *http.Request, err err
 		m.retryAfter(w)
 		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable, "the service is shutting down")
 	case errors.Is(err, idem.ErrCorrupt), errors.Is(err, idem.ErrExpired):
-		m.cfg.logger.Error("httpidem: cannot answer from the stored record", "method", r.Method, "path", r.URL.Path, "error", err)
+		m.log(r, key, slog.LevelError, "httpidem: cannot answer from the stored record", err)
 		m.fail(w, ProblemServerError, http.StatusInternalServerError, "the record of this key cannot be used")
 	default:
 		// Redis unreachable, a timeout, a cancelled request: nothing ran.
 		if r.Context().Err() == nil {
-			m.cfg.logger.Error("httpidem: cannot reach the idempotency store", "method", r.Method, "path", r.URL.Path, "error", err)
+			m.log(r, key, slog.LevelError, "httpidem: cannot reach the idempotency store", err)
 		}
 		m.retryAfter(w)
 		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable,
 			"the idempotency store is unavailable; the request was not processed")
 	}
+}
+
+// log logs what happened to the request with the (scoped) key, and err:
+// the key by its digest, and err with the key in its message replaced by
+// the digest, unless the Client was given idem.WithRawEventKeys(true).
+func (m *middleware) log(r *http.Request, key string, level slog.Level, msg string, err error, attrs ...slog.Attr) {
+	ctx := r.Context()
+	if !m.cfg.logger.Enabled(ctx, level) {
+		return
+	}
+	all := append([]slog.Attr{slog.String("method", r.Method), slog.String("path", r.URL.Path)}, attrs...)
+	m.cfg.logger.LogAttrs(ctx, level, msg, append(all, m.c.LogAttrs(key, err)...)...)
 }
 
 func (m *middleware) retryAfter(w http.ResponseWriter) {

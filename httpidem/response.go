@@ -206,9 +206,10 @@ var notStored = map[string]bool{
 // response up to a limit, and past it sends everything on to the real
 // writer as it comes (the response is then not stored).
 type recorder struct {
-	w      http.ResponseWriter
-	limit  int // of the stored form's size
-	header http.Header
+	w       http.ResponseWriter
+	limit   int             // of the stored form's size
+	private map[string]bool // headers not stored (but sent to this request's client)
+	header  http.Header
 
 	status   int
 	wrote    bool        // the final status is written
@@ -223,8 +224,8 @@ var (
 	_ http.Hijacker = (*recorder)(nil)
 )
 
-func newRecorder(w http.ResponseWriter, limit int) *recorder {
-	return &recorder{w: w, limit: limit, header: make(http.Header)}
+func newRecorder(w http.ResponseWriter, limit int, private map[string]bool) *recorder {
+	return &recorder{w: w, limit: limit, private: private, header: make(http.Header)}
 }
 
 // Header returns the response's headers. It starts empty: headers set by
@@ -324,5 +325,11 @@ func (rec *recorder) outcome() ([]byte, error) {
 	case rec.streamed:
 		return nil, idem.Permanent(fmt.Errorf("%w: over the limit of %d bytes", errNotStored, rec.limit))
 	}
-	return rec.response().encode(), nil
+	resp := rec.response()
+	for k := range resp.header {
+		if rec.private[http.CanonicalHeaderKey(k)] {
+			delete(resp.header, k)
+		}
+	}
+	return resp.encode(), nil
 }

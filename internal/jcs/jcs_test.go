@@ -1,4 +1,4 @@
-package idem_test
+package jcs_test
 
 import (
 	"bytes"
@@ -11,38 +11,38 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/jcs"
 )
 
 // The example of RFC 8785, section 3.2.2: whitespace, number forms and
 // string escapes.
-func TestCanonicalJSONRFCExample(t *testing.T) {
+func TestCanonicalRFCExample(t *testing.T) {
 	in := `{
   "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
   "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
   "literals": [null, true, false]
 }`
 	want := `{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}`
-	got, err := idem.CanonicalJSON([]byte(in))
+	got, err := jcs.Canonical([]byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(got) != want {
-		t.Errorf("CanonicalJSON:\n got %s\nwant %s", got, want)
+		t.Errorf("Canonical:\n got %s\nwant %s", got, want)
 	}
 	// The same as the bytes of section 3.2.4.
 	wantHex := "7b226c69746572616c73223a5b6e756c6c2c747275652c66616c73655d2c226e756d62657273223a" +
 		"5b3333333333333333332e333333333333332c31652b33302c342e352c302e3030322c31652d3237" +
 		"5d2c22737472696e67223a22e282ac245c753030" + "30665c6e4127425c225c5c5c5c5c222f227d"
 	if h := hex.EncodeToString(got); h != wantHex {
-		t.Errorf("CanonicalJSON bytes:\n got %s\nwant %s", h, wantHex)
+		t.Errorf("Canonical bytes:\n got %s\nwant %s", h, wantHex)
 	}
 }
 
 // The example of RFC 8785, section 3.2.3: members sorted by their names as
 // UTF-16 code units, so the emoji (a surrogate pair, D83D DE00) comes
 // before U+FB33 although its code point is larger.
-func TestCanonicalJSONSortsByUTF16(t *testing.T) {
+func TestCanonicalSortsByUTF16(t *testing.T) {
 	in := `{
   "\u20ac": "Euro Sign",
   "\r": "Carriage Return",
@@ -54,18 +54,18 @@ func TestCanonicalJSONSortsByUTF16(t *testing.T) {
 }`
 	want := `{"\r":"Carriage Return","1":"One","` + "\u0080" + `":"Control","ö":"Latin Small Letter O With Diaeresis",` +
 		`"€":"Euro Sign","😀":"Emoji: Grinning Face","` + "\ufb33" + `":"Hebrew Letter Dalet With Dagesh"}`
-	got, err := idem.CanonicalJSON([]byte(in))
+	got, err := jcs.Canonical([]byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(got) != want {
-		t.Errorf("CanonicalJSON:\n got %q\nwant %q", got, want)
+		t.Errorf("Canonical:\n got %q\nwant %q", got, want)
 	}
 }
 
 // The number examples of RFC 8785, appendix B: IEEE 754 doubles (in hex)
 // and the text ECMAScript writes for them.
-func TestCanonicalJSONNumbersRFC(t *testing.T) {
+func TestCanonicalNumbersRFC(t *testing.T) {
 	for _, tc := range []struct {
 		bits uint64
 		want string
@@ -96,9 +96,9 @@ func TestCanonicalJSONNumbersRFC(t *testing.T) {
 		{0x43143ff3c1cb0959, "1424953923781206.2"},
 	} {
 		// Go writes the double with 17 significant digits, which read back
-		// as the same double; CanonicalJSON must write ECMAScript's form.
+		// as the same double; Canonical must write ECMAScript's form.
 		in := []byte(strconv.FormatFloat(math.Float64frombits(tc.bits), 'g', 17, 64))
-		got, err := idem.CanonicalJSON(in)
+		got, err := jcs.Canonical(in)
 		if err != nil {
 			t.Errorf("%016x (%s): %v", tc.bits, in, err)
 			continue
@@ -111,7 +111,7 @@ func TestCanonicalJSONNumbersRFC(t *testing.T) {
 
 // More numbers around ECMAScript's switches between plain and exponent
 // notation, and JSON's spellings of one value.
-func TestCanonicalJSONNumbers(t *testing.T) {
+func TestCanonicalNumbers(t *testing.T) {
 	for in, want := range map[string]string{
 		"1":                      "1",
 		"1.0":                    "1",
@@ -134,7 +134,7 @@ func TestCanonicalJSONNumbers(t *testing.T) {
 		"0.30000000000000004":    "0.30000000000000004",
 		"1.7976931348623157e308": "1.7976931348623157e+308",
 	} {
-		got, err := idem.CanonicalJSON([]byte(in))
+		got, err := jcs.Canonical([]byte(in))
 		if err != nil {
 			t.Errorf("%s: %v", in, err)
 			continue
@@ -145,7 +145,7 @@ func TestCanonicalJSONNumbers(t *testing.T) {
 	}
 }
 
-func TestCanonicalJSONStrings(t *testing.T) {
+func TestCanonicalStrings(t *testing.T) {
 	for in, want := range map[string]string{
 		`"plain"`:                 `"plain"`,
 		`"\u0000\u001f\u007f"`:    `"\u0000\u001f` + "\x7f" + `"`,
@@ -164,7 +164,7 @@ func TestCanonicalJSONStrings(t *testing.T) {
 		`true`:                    `true`,
 		`[false,null]`:            `[false,null]`,
 	} {
-		got, err := idem.CanonicalJSON([]byte(in))
+		got, err := jcs.Canonical([]byte(in))
 		if err != nil {
 			t.Errorf("%s: %v", in, err)
 			continue
@@ -175,7 +175,7 @@ func TestCanonicalJSONStrings(t *testing.T) {
 	}
 }
 
-func TestCanonicalJSONRefuses(t *testing.T) {
+func TestCanonicalRefuses(t *testing.T) {
 	deep := strings.Repeat("[", 10001) + strings.Repeat("]", 10001)
 	for name, in := range map[string]string{
 		"empty":                  ``,
@@ -216,113 +216,26 @@ func TestCanonicalJSONRefuses(t *testing.T) {
 		"nested duplicate":       `[{"x":{"b":1,"b":2}}]`,
 		"too deep":               deep,
 	} {
-		got, err := idem.CanonicalJSON([]byte(in))
+		got, err := jcs.Canonical([]byte(in))
 		if err == nil {
-			t.Errorf("%s: CanonicalJSON(%.40q) = %s, want an error", name, in, got)
+			t.Errorf("%s: Canonical(%.40q) = %s, want an error", name, in, got)
 			continue
 		}
 		if !strings.HasPrefix(err.Error(), "idem: ") {
 			t.Errorf("%s: error %q lacks the package prefix", name, err)
 		}
-		if _, ferr := idem.FingerprintJSON([]byte(in)); ferr == nil {
-			t.Errorf("%s: FingerprintJSON accepted what CanonicalJSON refuses", name)
-		}
 	}
 	// Just within the nesting limit.
 	ok := strings.Repeat("[", 10000) + strings.Repeat("]", 10000)
-	if _, err := idem.CanonicalJSON([]byte(ok)); err != nil {
+	if _, err := jcs.Canonical([]byte(ok)); err != nil {
 		t.Errorf("10000 levels: %v", err)
 	}
 }
 
-func TestFingerprintJSONIgnoresOrderAndSpace(t *testing.T) {
-	same := [][]string{
-		{`{"a":1,"b":2}`, `{ "b":2, "a":1 }`, "{\n\t\"b\": 2.0,\r\n\t\"a\": 1e0\n}", `{"\u0061":1,"b":2}`},
-		{`{"account":"A","amount":100,"meta":{"x":[1,2],"y":null}}`, `{"meta":{"y":null,"x":[1,2]},"amount":1E2,"account":"A"}`},
-		{`"é"`, `"\u00e9"`, `"\u00E9"`},
-	}
-	seen := map[string]string{}
-	for _, group := range same {
-		want, err := idem.FingerprintJSON([]byte(group[0]))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, in := range group[1:] {
-			got, err := idem.FingerprintJSON([]byte(in))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != want {
-				t.Errorf("FingerprintJSON(%s) = %s, want %s as for %s", in, got, want, group[0])
-			}
-		}
-		if other, ok := seen[want]; ok {
-			t.Errorf("%s and %s share the fingerprint %s", group[0], other, want)
-		}
-		seen[want] = group[0]
-	}
-}
-
-func TestFingerprintJSONTellsValuesApart(t *testing.T) {
-	distinct := []string{
-		`{"a":1,"b":2}`, `{"a":1,"b":3}`, `{"a":"1","b":2}`, `{"a":1}`, `{"b":2,"c":1}`,
-		`[1,2]`, `[2,1]`, `[[1],2]`, `[1,[2]]`, `"a"`, `"a "`, `null`, `false`, `0`, `"0"`, `[]`, `{}`, `""`,
-		`{"a":{}}`, `{"a":[]}`, `{"a":null}`, `[null]`, `1.5`, `15e-1e`,
-	}
-	seen := map[string]string{}
-	for _, in := range distinct {
-		fp, err := idem.FingerprintJSON([]byte(in))
-		if err != nil {
-			continue // the last one is not JSON
-		}
-		if len(fp) != 32 {
-			t.Errorf("FingerprintJSON(%s) = %q, want 32 hexadecimal digits", in, fp)
-		}
-		if other, ok := seen[fp]; ok {
-			t.Errorf("%s and %s share the fingerprint %s", in, other, fp)
-		}
-		seen[fp] = in
-		// Never one of Fingerprint's, for the same text as a string or as
-		// bytes, or for its canonical form.
-		c, _ := idem.CanonicalJSON([]byte(in))
-		for _, f := range []string{idem.Fingerprint(in), idem.Fingerprint([]byte(in)), idem.Fingerprint(string(c)), idem.Fingerprint(c), idem.Fingerprint()} {
-			if f == fp {
-				t.Errorf("FingerprintJSON(%s) equals a Fingerprint: %s", in, fp)
-			}
-		}
-	}
-	if len(seen) != len(distinct)-1 {
-		t.Errorf("%d fingerprints for %d JSON texts", len(seen), len(distinct)-1)
-	}
-}
-
-// Golden values: fingerprints are stored in Redis, so they must not change
-// from one release to the next. A change here is a breaking change.
-func TestFingerprintJSONGolden(t *testing.T) {
-	// The digests were computed apart from this code: the first 16 bytes of
-	// SHA-256 over "\xffidem/jcs/v1\x00" and the canonical text, in hex.
-	for _, tc := range []struct{ in, want string }{
-		{`{"a":1,"b":2}`, "751777fcd532c9edaf5f15224e69d83e"},
-		{`{ "b":2, "a":1 }`, "751777fcd532c9edaf5f15224e69d83e"},
-		{`{"account":"A","amount":100}`, "e19beb6f3b4bf3731f9e7edfdfc32564"},
-		{`[]`, "ab4c49f2af7bac3aaa59fa40df31971e"},
-		{`"\u00e9"`, "1062c2cd99002d2bf9230941085f3a1f"},
-		{`1e21`, "7193458a6bee925ddd259fa7a3723288"},
-	} {
-		got, err := idem.FingerprintJSON([]byte(tc.in))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got != tc.want {
-			t.Errorf("FingerprintJSON(%s) = %s, want %s", tc.in, got, tc.want)
-		}
-	}
-}
-
-// FuzzCanonicalJSON: what CanonicalJSON accepts, encoding/json accepts too
+// FuzzCanonical: what Canonical accepts, encoding/json accepts too
 // and reads as the same value; the canonical form is valid JSON and its own
-// canonical form; and CanonicalJSON never panics.
-func FuzzCanonicalJSON(f *testing.F) {
+// canonical form; and Canonical never panics.
+func FuzzCanonical(f *testing.F) {
 	for _, s := range []string{
 		`{"a":1,"b":[true,false,null,"x\u0000"]}`, `1e21`, `-0.0000015`, `"\ud83d\ude00"`,
 		`{"\u20ac":1,"\ud83d\ude00":2,"\ufb33":3}`, `[[[[]]]]`, `{"a":{"a":{"a":1}}}`, `"\u2028"`,
@@ -330,20 +243,20 @@ func FuzzCanonicalJSON(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		c, err := idem.CanonicalJSON(in)
+		c, err := jcs.Canonical(in)
 		if err != nil {
 			return
 		}
 		if !json.Valid(c) {
-			t.Fatalf("CanonicalJSON(%q) = %q, not valid JSON", in, c)
+			t.Fatalf("Canonical(%q) = %q, not valid JSON", in, c)
 		}
-		again, err := idem.CanonicalJSON(c)
+		again, err := jcs.Canonical(c)
 		if err != nil || !bytes.Equal(again, c) {
-			t.Fatalf("CanonicalJSON(%q) = %q, whose canonical form is %q, %v", in, c, again, err)
+			t.Fatalf("Canonical(%q) = %q, whose canonical form is %q, %v", in, c, again, err)
 		}
 		var a, b any
 		if err := json.Unmarshal(in, &a); err != nil {
-			t.Fatalf("CanonicalJSON accepted %q, which encoding/json refuses: %v", in, err)
+			t.Fatalf("Canonical accepted %q, which encoding/json refuses: %v", in, err)
 		}
 		if err := json.Unmarshal(c, &b); err != nil {
 			t.Fatal(err)
@@ -354,8 +267,8 @@ func FuzzCanonicalJSON(f *testing.F) {
 	})
 }
 
-func TestCanonicalJSONErrorOffset(t *testing.T) {
-	_, err := idem.CanonicalJSON([]byte(`{"a":1, "a":2}`))
+func TestCanonicalErrorOffset(t *testing.T) {
+	_, err := jcs.Canonical([]byte(`{"a":1, "a":2}`))
 	if err == nil || !strings.Contains(err.Error(), "offset 8") || !strings.Contains(err.Error(), `duplicate member name "a"`) {
 		t.Errorf("error %v, want the duplicate name at offset 8", err)
 	}

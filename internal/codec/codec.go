@@ -1,8 +1,8 @@
-// codec.go: how the typed Do stores its results: msgpack, with the result
-// type checked before fn first runs, and stored results decoded strictly,
-// so that a replay is the owner's value or an error, never a guess.
-
-package idem
+// Package codec stores the results of idem's typed Do: msgpack, with the
+// result type checked before fn first runs, and stored results decoded
+// strictly, so that a replay is the owner's value or an error, never a
+// guess.
+package codec
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -31,37 +32,45 @@ import (
 // nest forever, and a damaged record should not exhaust the stack.
 const maxDepth = 10000
 
-// A resultCodec encodes and decodes the results of one type T.
-type resultCodec struct {
+// A Codec encodes and decodes the values of one type T.
+type Codec struct {
 	t   reflect.Type
-	err error // why T is refused (wraps ErrEncode), or nil
+	err error // why T is refused, or nil
 	// recursive is whether T can contain itself (through pointers,
 	// slices or maps): only then can a value be cyclic, so only then is
 	// each value walked before it is encoded.
 	recursive bool
 }
 
-var codecs sync.Map // reflect.Type -> *resultCodec
+var codecs sync.Map // reflect.Type -> *Codec
 
-// codecFor returns the codec of t, checking t the first time.
-func codecFor(t reflect.Type) *resultCodec {
+// For returns the codec of t, checking t the first time.
+func For(t reflect.Type) *Codec {
 	if c, ok := codecs.Load(t); ok {
-		return c.(*resultCodec)
+		return c.(*Codec)
 	}
-	c := &resultCodec{t: t}
+	c := &Codec{t: t}
 	ch := typeChecker{on: map[reflect.Type]bool{}}
-	if err := ch.check(t, t.String(), true); err != nil {
-		c.err = fmt.Errorf("%w: %v", ErrEncode, err)
-	}
+	c.err = ch.check(t, t.String(), true)
 	c.recursive = ch.recursive
 	v, _ := codecs.LoadOrStore(t, c)
-	return v.(*resultCodec)
+	return v.(*Codec)
 }
 
-// encode returns the msgpack encoding of *p, a pointer to a T.
-func (c *resultCodec) encode(p any) ([]byte, error) {
+// Type returns T.
+func (c *Codec) Type() reflect.Type { return c.t }
+
+// Err says why some values of T would not come back exactly as they were
+// stored, naming the field or element; nil if every value does. Encode and
+// Decode must not be used then.
+func (c *Codec) Err() error { return c.err }
+
+// Encode returns the msgpack encoding of *p, a pointer to a T, or an error
+// for a value that cannot be stored (a cyclic one, or one whose marshaler
+// fails).
+func (c *Codec) Encode(p any) ([]byte, error) {
 	if c.recursive {
-		w := valueWalker{on: map[fpRef]bool{}}
+		w := valueWalker{on: map[ref]bool{}}
 		if err := w.walk(reflect.ValueOf(p).Elem(), c.t.String(), 0); err != nil {
 			return nil, err
 		}
@@ -73,8 +82,10 @@ func (c *resultCodec) encode(p any) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// decode decodes b into *p, a pointer to a zero T.
-func (c *resultCodec) decode(b []byte, p any) error {
+// Decode decodes b, as Encode (or msgpack.Marshal) wrote a T, into *p, a
+// pointer to a zero T: exactly, or an error that says where it does not
+// fit.
+func (c *Codec) Decode(b []byte, p any) error {
 	r := bytes.NewReader(b)
 	d := decoder{d: msgpack.NewDecoder(r), r: r}
 	if err := d.value(reflect.ValueOf(p).Elem(), 0); err != nil {
@@ -248,6 +259,11 @@ func (ch *typeChecker) check(t reflect.Type, path string, addressable bool) erro
 			return fmt.Errorf("%s: %v", path, err)
 		}
 		for _, f := range fields.list {
+			if f.omitEmpty {
+				if err := omitsExactly(f.t); err != nil {
+					return fmt.Errorf("%s.%s is tagged omitempty (on the field or on _msgpack): %v", path, f.goName, err)
+				}
+			}
 			if err := ch.check(f.t, path+"."+f.goName, addressable); err != nil {
 				return err
 			}
@@ -258,6 +274,29 @@ func (ch *typeChecker) check(t reflect.Type, path string, addressable bool) erro
 	default: // chan, func, complex, uintptr, unsafe.Pointer
 		return fmt.Errorf("%s: %s: msgpack cannot store a %s", path, t, k)
 	}
+}
+
+var isZeroer = reflect.TypeFor[interface{ IsZero() bool }]()
+
+// omitsExactly says why a field of type t that msgpack leaves out when
+// empty (omitempty) may decode as another value, or nil: msgpack calls a
+// value empty when its IsZero method says so, or by its kind, and a field
+// left out decodes as Go's zero value.
+func omitsExactly(t reflect.Type) error {
+	if t.Implements(isZeroer) {
+		return fmt.Errorf("a %s whose IsZero is true would come back as the zero value", t)
+	}
+	switch t.Kind() {
+	case reflect.Bool, reflect.String, reflect.Pointer, reflect.Array,
+		reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return nil // empty only as Go's zero value (an array: only if of length 0)
+	case reflect.Float32, reflect.Float64:
+		return fmt.Errorf("-0 would come back as 0")
+	case reflect.Slice, reflect.Map:
+		return fmt.Errorf("an empty %s that is not nil would come back nil", t)
+	}
+	return fmt.Errorf("msgpack would leave out a %s whose fields it leaves out, or has none, and it would come back as the zero value", t)
 }
 
 // hasPointer reports whether values of t hold pointers (or interfaces),
@@ -294,11 +333,12 @@ type fieldSet struct {
 }
 
 type storedField struct {
-	pos    int    // in fieldSet.list
-	name   string // as stored
-	goName string // for messages
-	index  []int  // for reflect.Value.FieldByIndex
-	t      reflect.Type
+	pos       int    // in fieldSet.list
+	name      string // as stored
+	goName    string // for messages
+	index     []int  // for reflect.Value.FieldByIndex
+	t         reflect.Type
+	omitEmpty bool // msgpack leaves the field out when it finds it empty
 }
 
 var fieldSets sync.Map // reflect.Type -> *fieldSet or error
@@ -343,6 +383,7 @@ func (fs *fieldSet) add(t reflect.Type, index []int) error {
 		}
 		return false
 	}
+	omitAll := false // a _msgpack field tagged omitempty, for the fields after it
 	for i := range t.NumField() {
 		f := t.Field(i)
 		tag, err := parseTag(f.Tag.Get("msgpack"))
@@ -353,6 +394,7 @@ func (fs *fieldSet) add(t reflect.Type, index []int) error {
 			if tag.options["as_array"] || tag.options["asArray"] {
 				return fmt.Errorf("msgpack:%q on _msgpack is not supported", f.Tag.Get("msgpack"))
 			}
+			omitAll = omitAll || tag.options["omitempty"]
 			continue
 		}
 		if f.Name == "_" {
@@ -390,7 +432,8 @@ func (fs *fieldSet) add(t reflect.Type, index []int) error {
 		if has(name) {
 			return fmt.Errorf("field %s: two fields are stored as %q", f.Name, name)
 		}
-		fs.list = append(fs.list, storedField{name: name, goName: f.Name, index: at, t: f.Type})
+		fs.list = append(fs.list, storedField{name: name, goName: f.Name, index: at, t: f.Type,
+			omitEmpty: omitAll || tag.options["omitempty"]})
 	}
 	return nil
 }
@@ -476,8 +519,18 @@ func parseTag(s string) (structTag, error) {
 // A valueWalker looks for cycles (and absurd depth) in a value of a
 // recursive type before it is encoded: msgpack would recurse forever.
 type valueWalker struct {
-	on map[fpRef]bool
+	on map[ref]bool
 }
+
+// ref identifies a pointer, map or slice on the walker's path: where it
+// points, its type and, for a slice, its length.
+type ref struct {
+	p   uintptr
+	t   reflect.Type
+	len int
+}
+
+var timeType = reflect.TypeFor[time.Time]()
 
 func (w *valueWalker) walk(v reflect.Value, path string, depth int) error {
 	if depth > maxDepth {
@@ -487,7 +540,7 @@ func (w *valueWalker) walk(v reflect.Value, path string, depth int) error {
 	if familyOf(t).f != byKind {
 		return nil
 	}
-	enter := func(r fpRef) error {
+	enter := func(r ref) error {
 		if w.on[r] {
 			return fmt.Errorf("%s: a cyclic value (it contains itself)", path)
 		}
@@ -499,7 +552,7 @@ func (w *valueWalker) walk(v reflect.Value, path string, depth int) error {
 		if v.IsNil() {
 			return nil
 		}
-		r := fpRef{p: v.Pointer(), t: t}
+		r := ref{p: v.Pointer(), t: t}
 		if err := enter(r); err != nil {
 			return err
 		}
@@ -509,7 +562,7 @@ func (w *valueWalker) walk(v reflect.Value, path string, depth int) error {
 		if v.Len() == 0 || t.Elem().Kind() == reflect.Uint8 {
 			return nil
 		}
-		r := fpRef{p: v.Pointer(), t: t, len: v.Len()}
+		r := ref{p: v.Pointer(), t: t, len: v.Len()}
 		if err := enter(r); err != nil {
 			return err
 		}
@@ -525,7 +578,7 @@ func (w *valueWalker) walk(v reflect.Value, path string, depth int) error {
 		if v.Len() == 0 {
 			return nil
 		}
-		r := fpRef{p: v.Pointer(), t: t}
+		r := ref{p: v.Pointer(), t: t}
 		if err := enter(r); err != nil {
 			return err
 		}

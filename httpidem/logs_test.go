@@ -1,0 +1,67 @@
+package httpidem_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/httpidem"
+)
+
+// What the middleware logs names the key by its digest (the Client's, as
+// in its events), never the key itself: a stored response that cannot be
+// read, and Redis unreachable, whose error quotes the key.
+func TestLogsNeverNameTheKey(t *testing.T) {
+	const key = "secret-order-77"
+	eachBackend(t, func(t *testing.T, b *backend) {
+		var logs syncBuffer
+		keys := b.idem(t)
+		srv := serve(t, httpidem.New(keys, httpidem.WithLogger(slogTo(&logs)))(http.NotFoundHandler()))
+		ctx := context.Background()
+		if _, err := keys.Do(ctx, "0:"+key, "", func(context.Context) ([]byte, error) { return []byte("not a response"), nil }); err != nil {
+			t.Fatal(err)
+		}
+		wantProblem(t, send(t, httpClient(t), srv.URL, req{key: key}), http.StatusInternalServerError, httpidem.ProblemServerError)
+		if got := logs.String(); !strings.Contains(got, "stored response unreadable") || !strings.Contains(got, "key_digest=") || strings.Contains(got, key) {
+			t.Errorf("log %q: want the unreadable response with the key's digest, not the key", got)
+		}
+	})
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := &backend{name: "closed port", addr: ln.Addr().String()}
+	ln.Close()
+	var logs syncBuffer
+	srv := serve(t, httpidem.New(down.idem(t), httpidem.WithLogger(slogTo(&logs)))(http.NotFoundHandler()))
+	wantProblem(t, send(t, httpClient(t), srv.URL, req{key: key, body: `{}`}), http.StatusServiceUnavailable, httpidem.ProblemUnavailable)
+	if got := logs.String(); !strings.Contains(got, "cannot reach") || !strings.Contains(got, "key_digest=") || strings.Contains(got, key) {
+		t.Errorf("log %q: want Redis unreachable with the key's digest, not the key", got)
+	}
+}
+
+// Without WithLogger, the middleware logs to slog.Default(), as the
+// Client does: a Redis outage is visible without configuration.
+func TestDefaultLoggerIsSlogDefault(t *testing.T) {
+	var logs syncBuffer
+	old := slog.Default()
+	slog.SetDefault(slogTo(&logs))
+	t.Cleanup(func() { slog.SetDefault(old) })
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := &backend{name: "closed port", addr: ln.Addr().String()}
+	ln.Close()
+	srv := serve(t, httpidem.New(down.idem(t, idem.WithLogger(slog.New(slog.DiscardHandler))))(http.NotFoundHandler()))
+	wantProblem(t, send(t, httpClient(t), srv.URL, req{key: "k-1", body: `{}`}), http.StatusServiceUnavailable, httpidem.ProblemUnavailable)
+	if got := logs.String(); !strings.Contains(got, "level=ERROR") || !strings.Contains(got, "cannot reach the idempotency store") {
+		t.Errorf("slog.Default got %q; want the outage at ERROR", got)
+	}
+}

@@ -288,10 +288,12 @@ func ExampleAttemptFrom() {
 }
 
 // A message consumer: the event's business id is the key, and the consumer
-// acknowledges a message only after Do returned. A consumer that dies
-// before leaves the message pending, for another consumer to take over
-// (XAUTOCLAIM; see examples/events), and an event delivered twice, here
-// because the producer sent it twice, is applied once.
+// acknowledges a message only when Ack says that its outcome is stored. A
+// consumer that dies before leaves the message pending, for another
+// consumer to take over, and an event delivered twice, here because the
+// producer sent it twice, is applied once. For Redis Streams, the
+// idemstream package is this loop, with takeovers, retries and dead
+// letters; docs/brokers.md has it for Kafka, NATS JetStream and SQS.
 func ExampleDo_consumer() {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
@@ -329,8 +331,8 @@ func ExampleDo_consumer() {
 			fmt.Printf("applied %s: %+d to %s\n", id, amount, account)
 			return balances[account], nil
 		})
-		if err != nil {
-			continue // not acknowledged: delivered again later
+		if !idem.Ack(err) {
+			continue // nothing stored yet: not acknowledged, delivered again later
 		}
 		rdb.XAck(ctx, "events", "billing", msg.ID)
 	}

@@ -211,6 +211,11 @@ func (c *Client) Close() error {
 	return err
 }
 
+// Lease returns the Client's lease (WithLease): how long a claim holds a
+// key after its owner's last renewal. Integrations use it to choose their
+// own timeouts, such as how long a message may stay unacknowledged.
+func (c *Client) Lease() time.Duration { return c.cfg.lease }
+
 // Attempt describes the attempt that runs fn. Get it inside fn with
 // AttemptFrom.
 type Attempt struct {

@@ -1,19 +1,24 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
-	"slices"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemsql"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -21,28 +26,17 @@ import (
 type config struct {
 	events    int           // distinct events the producer sends
 	dup       float64       // share of events the producer sends twice
-	crash     float64       // share of events whose first handling kills its consumer
-	consumers int           // consumers running at once
-	batch     int           // entries a consumer reads at once
+	consumers int           // consumer processes at once
+	kills     int           // consumer processes killed, per handler
 	lease     time.Duration // idem's lease (WithLease)
-	minIdle   time.Duration // XAUTOCLAIM's min-idle-time
-	seed      uint64        // seeds the choice of duplicates, crashes and events
-	timeout   time.Duration // how long a run may take to have every entry acknowledged
+	work      time.Duration // how long applying an event takes, besides SQLite
+	seed      uint64        // seeds the events, the duplicates and the kills
+	timeout   time.Duration // how long each handler's run may take
 }
 
-// defaultConfig returns the workload of a plain `go run ./examples/events`.
+// defaultConfig returns the workload of a plain `go run ./events` (in examples/).
 func defaultConfig() config {
-	return config{
-		events:    200,
-		dup:       0.1,
-		crash:     0.05,
-		consumers: 3,
-		batch:     10,
-		lease:     time.Second,
-		minIdle:   time.Second,
-		seed:      1,
-		timeout:   2 * time.Minute,
-	}
+	return config{events: 300, dup: 0.1, consumers: 3, kills: 6, lease: time.Second, work: 2 * time.Millisecond, seed: 1, timeout: 2 * time.Minute}
 }
 
 // validate reports the first setting out of range, named by its flag.
@@ -52,130 +46,394 @@ func (c config) validate() error {
 		return fmt.Errorf("-events %d: must be at least 1", c.events)
 	case c.dup < 0 || c.dup > 1:
 		return fmt.Errorf("-dup %v: must be between 0 and 1", c.dup)
-	case c.crash < 0 || c.crash > 1:
-		return fmt.Errorf("-crash %v: must be between 0 and 1", c.crash)
 	case c.consumers < 1:
 		return fmt.Errorf("-consumers %d: must be at least 1", c.consumers)
-	case c.batch < 1:
-		return fmt.Errorf("-batch %d: must be at least 1", c.batch)
+	case c.kills < 0:
+		return fmt.Errorf("-kills %d: must not be negative", c.kills)
 	case c.lease < 10*time.Millisecond:
 		return fmt.Errorf("-lease %v: must be at least 10ms", c.lease)
-	case c.minIdle < time.Millisecond:
-		return fmt.Errorf("-min-idle %v: must be at least 1ms", c.minIdle)
+	case c.work < 0:
+		return fmt.Errorf("-work %v: must not be negative", c.work)
 	case c.timeout <= 0:
 		return fmt.Errorf("-timeout %v: must be positive", c.timeout)
 	}
 	return nil
 }
 
-// workload returns the stream entries the producer sends, in order, and the
-// events whose first handling kills its consumer. A duplicate follows its
-// event within a few entries, as a producer's retried XADD would.
-func (c config) workload() (entries []event, crash map[string]bool) {
-	rng := mrand.New(mrand.NewPCG(c.seed, 0))
-	type entry struct {
-		at float64
-		ev event
-	}
-	var es []entry
-	crash = make(map[string]bool)
+// workload returns the stream entries the producer sends: every event once,
+// in order, and some again a little later, as a producer that lost the
+// reply to an XADD and sent it again would.
+func (c config) workload() []event {
+	rng := mrand.New(mrand.NewPCG(c.seed, 1))
+	var entries []event
+	var again []int // positions at which to send an event again
 	for i := range c.events {
-		ev := event{
-			ID:      fmt.Sprintf("evt-%04d", i+1),
-			Account: fmt.Sprintf("acct-%d", rng.IntN(5)+1),
-			Amount:  int64(rng.IntN(100) + 1),
-		}
-		es = append(es, entry{float64(i), ev})
+		ev := event{ID: fmt.Sprintf("ev-%d", i), Account: fmt.Sprintf("acct-%d", rng.IntN(5)), Amount: 1 + rng.Int64N(100)}
+		entries = append(entries, ev)
 		if rng.Float64() < c.dup {
-			es = append(es, entry{float64(i) + 0.5 + 5*rng.Float64(), ev})
-		}
-		if rng.Float64() < c.crash {
-			crash[ev.ID] = true
+			again = append(again, len(entries)-1)
 		}
 	}
-	slices.SortStableFunc(es, func(a, b entry) int {
-		switch {
-		case a.at < b.at:
-			return -1
-		case a.at > b.at:
-			return 1
-		}
-		return 0
-	})
-	for _, e := range es {
-		entries = append(entries, e.ev)
+	for _, i := range again {
+		at := min(len(entries), i+1+rng.IntN(20))
+		entries = append(entries[:at], append([]event{entries[i]}, entries[at:]...)...)
 	}
-	return entries, crash
+	return entries
 }
 
-// report holds one run of both handlers.
-type report struct {
-	cfg   config
-	idem  result
-	plain result
-}
-
-// result is what one handler's run left in the ledger, and what its
-// consumers did.
+// result is what one handler's run did, read from its database.
 type result struct {
-	entries      int // stream entries the producer sent
-	events       int // distinct events among them
-	applications int // applications the ledger counted, all events together
-	twice        int // events applied twice or more
-	never        int // events never applied
-	badBalances  int // accounts whose balance is not the sum of their events
-	deaths       int // consumers killed mid-handler
-	reclaimed    int // entries taken over from another consumer
-	reconciled   int // attempts that found their event already applied
-	rejected     int // entries acknowledged without being applied
+	applications int   // credits rows
+	twice        int   // events with more than one
+	never        int   // events with none
+	badBalances  int   // accounts whose balance is not the sum of their events
+	kills        int   // consumer processes killed
+	found        int64 // takeovers that found an event applied, in the ledger
+	deadLetters  int64 // entries in the dead-letter stream
+	pending      int64 // entries left unacknowledged
 }
 
-// exactlyOnce reports whether every event was applied exactly once.
 func (r result) exactlyOnce() bool {
-	return r.twice == 0 && r.never == 0 && r.badBalances == 0 && r.applications == r.events
+	return r.twice == 0 && r.never == 0 && r.badBalances == 0 && r.deadLetters == 0 && r.pending == 0
 }
 
-// compare runs the workload once with idem.Do and once with the plain
-// handler, on the Redis at addr or, if addr is empty, on an embedded
-// miniredis. It deletes the keys it created, and only those, before it
-// returns.
-func compare(ctx context.Context, cfg config, addr string) (rep report, err error) {
+// report is a run of both handlers on one workload.
+type report struct {
+	cfg           config
+	entries, dups int
+	idem, plain   result
+}
+
+// run runs the workload with each handler, on the Redis at addr ("" for an
+// embedded miniredis), killing consumer processes as it goes.
+func run(ctx context.Context, cfg config, addr string) (report, error) {
 	if err := cfg.validate(); err != nil {
 		return report{}, err
 	}
 	if addr == "" {
-		m := miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
-			return report{}, fmt.Errorf("start miniredis: %w", err)
+		mr, err := miniredis.Run()
+		if err != nil {
+			return report{}, err
 		}
-		defer m.Close()
-		defer followWallClock(m)()
-		addr = m.Addr()
+		defer mr.Close()
+		defer followWallClock(mr)()
+		addr = mr.Addr()
 	}
-	admin := redis.NewClient(&redis.Options{Addr: addr})
-	defer func() { err = errors.Join(err, admin.Close()) }()
-	if err := admin.Ping(ctx).Err(); err != nil {
-		return report{}, fmt.Errorf("redis at %s: %w", addr, err)
-	}
-	prefix, err := newPrefix()
+	dir, err := os.MkdirTemp("", "idem-events-")
 	if err != nil {
 		return report{}, err
 	}
-	defer func() { err = errors.Join(err, deleteKeys(ctx, admin, prefix)) }()
+	defer os.RemoveAll(dir)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	prefix := runPrefix()
+	defer cleanup(rdb, prefix)
 
-	entries, crash := cfg.workload()
-	rep.cfg = cfg
-	r := run{cfg: cfg, addr: addr, admin: admin, entries: entries, crash: crash}
-	if rep.idem, err = r.do(ctx, prefix+"idem:", true); err != nil {
-		return rep, err
+	entries := cfg.workload()
+	rep := report{cfg: cfg, entries: len(entries), dups: len(entries) - cfg.events}
+	for _, mode := range []string{"idem", "plain"} {
+		r := &rep.idem
+		if mode == "plain" {
+			r = &rep.plain
+		}
+		h := handlerRun{cfg: cfg, rdb: rdb, rng: mrand.New(mrand.NewPCG(cfg.seed, 2)),
+			child: child{Mode: mode, Redis: addr, DB: filepath.Join(dir, mode+".db"), Stream: prefix + mode,
+				Prefix: prefix + "records", Lease: cfg.lease, Work: cfg.work}}
+		if *r, err = h.run(ctx, entries); err != nil {
+			return rep, fmt.Errorf("%s handler: %w", mode, err)
+		}
 	}
-	rep.plain, err = r.do(ctx, prefix+"plain:", false)
-	return rep, err
+	return rep, nil
+}
+
+// handlerRun is the run of one handler: its consumer processes and what
+// they wrote.
+type handlerRun struct {
+	cfg   config
+	rdb   *redis.Client
+	rng   *mrand.Rand
+	child child // the settings of its consumers but their names
+}
+
+func (h handlerRun) run(ctx context.Context, entries []event) (result, error) {
+	all := entries
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.timeout)
+	defer cancel()
+	db, err := openDB(h.child.DB)
+	if err != nil {
+		return result{}, err
+	}
+	defer db.Close()
+	if err := migrate(ctx, db, h.child.Mode); err != nil {
+		return result{}, err
+	}
+	// The entries go out in a chunk before each kill, and a last one
+	// after, so that the consumers have work when each kill comes.
+	var last string
+	produce := func(chunk []event) error {
+		pipe := h.rdb.Pipeline()
+		for _, ev := range chunk {
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: h.child.Stream, Values: ev.values()})
+		}
+		cmds, err := pipe.Exec(ctx)
+		if err != nil {
+			return fmt.Errorf("produce: %w", err)
+		}
+		last = cmds[len(cmds)-1].(*redis.StringCmd).Val()
+		return nil
+	}
+	chunks := h.cfg.kills + 1
+	size := (len(entries) + chunks - 1) / chunks
+
+	reports := make(chan *proc, 1024)
+	procs := make(map[string]*proc, h.cfg.consumers)
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	for i := range h.cfg.consumers {
+		name := fmt.Sprintf("consumer-%d", i)
+		if procs[name], err = h.start(name, reports); err != nil {
+			return result{}, err
+		}
+	}
+	var res result
+	for len(entries) > 0 {
+		chunk := entries[:min(size, len(entries))]
+		entries = entries[len(chunk):]
+		if err := produce(chunk); err != nil {
+			return res, err
+		}
+		if len(entries) == 0 {
+			break
+		}
+		// Kill the consumer that committed the n-th next event, right
+		// after its commit: the event is not recorded in Redis yet, nor
+		// acknowledged, and its other workers are anywhere.
+		p := await(ctx, reports, 1+h.rng.IntN(len(chunk)/2+1))
+		if p == nil {
+			continue // nothing left to do now
+		}
+		p.kill()
+		res.kills++
+		res.found += p.found.Load()
+		if procs[p.name], err = h.start(p.name, reports); err != nil {
+			return res, err
+		}
+	}
+	if err := h.drained(ctx, last); err != nil {
+		return res, err
+	}
+	for name, p := range procs {
+		p.stop()
+		res.found += p.found.Load()
+		delete(procs, name)
+	}
+	return h.count(ctx, db, all, res)
+}
+
+// start starts a consumer process named name, which sends itself to
+// reports for each event it commits.
+func (h handlerRun) start(name string, reports chan<- *proc) (*proc, error) {
+	c := h.child
+	c.Consumer = name
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), c.env())
+	cmd.Stderr = os.Stderr
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if p.stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start consumer %s: %w", name, err)
+	}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if sc.Text() == "found" {
+				p.found.Add(1)
+				continue
+			}
+			select {
+			case reports <- p:
+			default: // nobody waits for a kill now
+			}
+		}
+	}()
+	return p, nil
+}
+
+// drained waits until the group has delivered every entry up to last and
+// none is pending.
+func (h handlerRun) drained(ctx context.Context, last string) error {
+	for {
+		groups, err := h.rdb.XInfoGroups(ctx, h.child.Stream).Result()
+		if err == nil && len(groups) == 1 && groups[0].LastDeliveredID == last && groups[0].Pending == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("entries not all acknowledged within -timeout %v (%+v, %v)", h.cfg.timeout, groups, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// count reads what the consumers did from the database and from Redis.
+func (h handlerRun) count(ctx context.Context, db *sql.DB, entries []event, res result) (result, error) {
+	applied := map[string]int{}
+	rows, err := db.QueryContext(ctx, `SELECT event, COUNT(*) FROM credits GROUP BY event`)
+	if err != nil {
+		return res, err
+	}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return res, err
+		}
+		applied[id] = n
+		res.applications += n
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return res, err
+	}
+	want := map[string]int64{}
+	seen := map[string]bool{}
+	for _, ev := range entries {
+		if !seen[ev.ID] {
+			seen[ev.ID] = true
+			want[ev.Account] += ev.Amount
+			switch n := applied[ev.ID]; {
+			case n == 0:
+				res.never++
+			case n > 1:
+				res.twice++
+			}
+		}
+	}
+	for account, sum := range want {
+		var balance int64
+		if err := db.QueryRowContext(ctx, `SELECT balance FROM accounts WHERE id = ?`, account).Scan(&balance); err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return res, err
+		}
+		if balance != sum {
+			res.badBalances++
+		}
+	}
+	if res.deadLetters, err = h.rdb.XLen(ctx, h.child.Stream+":dead").Result(); err != nil {
+		return res, err
+	}
+	p, err := h.rdb.XPending(ctx, h.child.Stream, group).Result()
+	if err != nil {
+		return res, err
+	}
+	res.pending = p.Count
+	return res, nil
+}
+
+// migrate creates the business tables, and for idem the ledger's.
+func migrate(ctx context.Context, db *sql.DB, mode string) error {
+	for _, stmt := range []string{
+		`CREATE TABLE IF NOT EXISTS credits (event TEXT NOT NULL, account TEXT NOT NULL, amount INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL)`,
+	} {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	if mode == "idem" {
+		return idemsql.New(db, idemsql.SQLite).Migrate(ctx)
+	}
+	return nil
+}
+
+// proc is a running consumer process.
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser // closed to stop it
+	found  atomic.Int64   // takeovers that found the outcome in the ledger
+	done   chan struct{}  // its stdout closed
+	killed bool           // set by kill, read by await, in the demo's goroutine
+}
+
+// await returns the consumer that reports the n-th event committed from
+// now, among those alive; nil when none comes within 30 seconds (nothing
+// left to do) or ctx ends.
+func await(ctx context.Context, reports <-chan *proc, n int) *proc {
+drain: // reports from before now
+	for {
+		select {
+		case <-reports:
+		default:
+			break drain
+		}
+	}
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case p := <-reports:
+			if p.killed {
+				continue
+			}
+			if n--; n == 0 {
+				return p
+			}
+		case <-timeout:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// kill kills p with SIGKILL (TerminateProcess on Windows) and waits for it.
+func (p *proc) kill() {
+	p.killed = true
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	_ = p.cmd.Wait()
+}
+
+// stop closes p's stdin, which ends it, and waits for it; one that does
+// not end within ten seconds is killed.
+func (p *proc) stop() {
+	_ = p.stdin.Close()
+	t := time.AfterFunc(10*time.Second, func() { _ = p.cmd.Process.Kill() })
+	defer t.Stop()
+	<-p.done
+	_ = p.cmd.Wait()
+}
+
+// runPrefix returns a key prefix unique to this run, so that a run on a
+// shared Redis touches only keys of its own.
+func runPrefix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return "idem-events-" + hex.EncodeToString(b) + ":"
+}
+
+// cleanup deletes the run's keys.
+func cleanup(rdb *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
 }
 
 // followWallClock makes m's keys expire as a real Redis's would: miniredis
-// counts TTLs down only when told to (FastForward), and without that a dead
-// consumer's lease would never end. It returns the function that stops it.
+// counts TTLs down only when told to (FastForward), and without that a
+// killed consumer's claims would never end. It returns the function that
+// stops it.
 func followWallClock(m *miniredis.Miniredis) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -197,254 +455,4 @@ func followWallClock(m *miniredis.Miniredis) (stop func()) {
 		close(done)
 		wg.Wait()
 	}
-}
-
-// run is one workload, to run with either handler.
-type run struct {
-	cfg     config
-	addr    string
-	admin   *redis.Client // the producer's connection, also used to watch the group and read the ledger
-	entries []event
-	crash   map[string]bool
-}
-
-// do sends the entries to a new stream under prefix, runs the consumers
-// until every entry is acknowledged, and reads the ledger.
-func (r run) do(ctx context.Context, prefix string, useIdem bool) (result, error) {
-	s := stream{
-		key:     prefix + "stream",
-		group:   "appliers",
-		batch:   int64(r.cfg.batch),
-		block:   100 * time.Millisecond,
-		minIdle: r.cfg.minIdle,
-	}
-	last, err := produce(ctx, r.admin, s, r.entries)
-	if err != nil {
-		return result{}, err
-	}
-
-	var st stats
-	var deaths atomic.Int64
-	var died sync.Map // events whose first handling killed its consumer
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var wg sync.WaitGroup
-	errs := make([]error, r.cfg.consumers)
-	for i := range r.cfg.consumers {
-		wg.Go(func() {
-			// Consumer i, restarted under a new name each time it dies,
-			// as an orchestrator restarts a crashed process.
-			for gen := 1; runCtx.Err() == nil; gen++ {
-				c := member{
-					addr:   r.addr,
-					name:   fmt.Sprintf("consumer-%d.%d", i+1, gen),
-					prefix: prefix,
-					s:      s,
-					stats:  &st,
-					lease:  r.cfg.lease,
-					idem:   useIdem,
-					dies: func(ev event) bool {
-						if !r.crash[ev.ID] {
-							return false
-						}
-						_, again := died.LoadOrStore(ev.ID, true)
-						return !again
-					},
-				}
-				dead, err := c.run(runCtx)
-				if err != nil {
-					errs[i] = err
-					stop()
-					return
-				}
-				if !dead {
-					return
-				}
-				deaths.Add(1)
-			}
-		})
-	}
-	err = waitAcked(runCtx, r.admin, s, last, r.cfg.timeout)
-	if errors.Is(err, context.Canceled) && ctx.Err() == nil {
-		err = nil // a consumer failed and stopped the run: its error says why
-	}
-	stop()
-	wg.Wait()
-	if err = errors.Join(append(errs, err)...); err != nil {
-		return result{}, err
-	}
-
-	res, err := tally(ctx, newLedger(r.admin, prefix), r.entries)
-	res.deaths = int(deaths.Load())
-	res.reclaimed = int(st.reclaimed.Load())
-	res.reconciled = int(st.reconciled.Load())
-	res.rejected = int(st.rejected.Load())
-	return res, err
-}
-
-// member is one consumer of a run, with the connections of a process of
-// its own.
-type member struct {
-	addr   string
-	name   string
-	prefix string
-	s      stream
-	stats  *stats
-	lease  time.Duration
-	idem   bool             // apply through idem.Do, or with the plain handler
-	dies   func(event) bool // reports whether the consumer dies right after applying the event
-}
-
-// run runs the consumer until ctx ends or it dies, and reports whether it
-// died.
-func (m member) run(ctx context.Context) (dead bool, err error) {
-	rdb := redis.NewClient(&redis.Options{Addr: m.addr})
-	defer rdb.Close() // its error: closed already when the consumer died
-	ctx, kill := context.WithCancel(ctx)
-	defer kill()
-	c := &consumer{name: m.name, rdb: rdb, ledger: newLedger(rdb, m.prefix), s: m.s, stats: m.stats}
-	if m.idem {
-		c.keys = idem.New(rdb, idem.WithPrefix(m.prefix+"records"), idem.WithLease(m.lease))
-		defer func() { err = errors.Join(err, c.keys.Close()) }()
-	}
-	c.hook = func(_ context.Context, ev event, after bool) error {
-		if !after || !m.dies(ev) {
-			return nil
-		}
-		// Die as kill -9 would, between the side effect and everything
-		// after it: no outcome recorded, no lease renewed, no
-		// acknowledgement, and the entries read but not handled left
-		// pending.
-		dead = true
-		kill()
-		_ = rdb.Close()
-		return errors.New("killed")
-	}
-	err = c.run(ctx)
-	return dead, err
-}
-
-// produce creates the stream and its group and sends the entries, and
-// returns the last entry's id.
-func produce(ctx context.Context, rdb *redis.Client, s stream, entries []event) (string, error) {
-	if err := rdb.XGroupCreateMkStream(ctx, s.key, s.group, "0").Err(); err != nil {
-		return "", fmt.Errorf("create group %s: %w", s.group, err)
-	}
-	var last string
-	for _, ev := range entries {
-		id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: s.key, Values: ev.values()}).Result()
-		if err != nil {
-			return "", fmt.Errorf("XADD %s: %w", ev.ID, err)
-		}
-		last = id
-	}
-	return last, nil
-}
-
-// waitAcked waits until the group has received every entry up to last and
-// acknowledged them all, for at most timeout.
-func waitAcked(ctx context.Context, rdb *redis.Client, s stream, last string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		groups, err := rdb.XInfoGroups(ctx, s.key).Result()
-		if err != nil {
-			return fmt.Errorf("XINFO GROUPS: %w", err)
-		}
-		var g redis.XInfoGroup
-		for _, x := range groups {
-			if x.Name == s.group {
-				g = x
-			}
-		}
-		if g.LastDeliveredID == last && g.Pending == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not every entry was acknowledged within %v: last delivered %s of %s, %d pending",
-				timeout, g.LastDeliveredID, last, g.Pending)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// tally compares the ledger with the events of entries.
-func tally(ctx context.Context, l *ledger, entries []event) (result, error) {
-	applied, err := l.applications(ctx)
-	if err != nil {
-		return result{}, err
-	}
-	balances, err := l.balances(ctx)
-	if err != nil {
-		return result{}, err
-	}
-	res := result{entries: len(entries)}
-	seen := make(map[string]bool)
-	want := make(map[string]int)
-	for _, ev := range entries {
-		if seen[ev.ID] {
-			continue
-		}
-		seen[ev.ID] = true
-		res.events++
-		want[ev.Account] += int(ev.Amount)
-		switch n := applied[ev.ID]; {
-		case n == 0:
-			res.never++
-		case n > 1:
-			res.twice++
-		}
-	}
-	for _, n := range applied {
-		res.applications += n
-	}
-	for acct := range balances {
-		if _, ok := want[acct]; !ok {
-			want[acct] = 0
-		}
-	}
-	for acct, sum := range want {
-		if balances[acct] != sum {
-			res.badBalances++
-		}
-	}
-	return res, nil
-}
-
-// newPrefix returns a key prefix unique to this run, so that a run on a real
-// Redis touches no other data. It is hex, so it holds no SCAN glob
-// characters and no hash-tag braces.
-func newPrefix() (string, error) {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	return "events-example-" + hex.EncodeToString(b[:]) + ":", nil
-}
-
-// deleteKeys deletes every key under prefix, and nothing else (no FLUSHDB:
-// the Redis may hold someone's data). It runs detached from ctx so that an
-// interrupted run still cleans up.
-func deleteKeys(ctx context.Context, rdb *redis.Client, prefix string) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	var keys []string
-	iter := rdb.Scan(ctx, 0, prefix+"*", 500).Iterator()
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		return fmt.Errorf("scan %s*: %w", prefix, err)
-	}
-	for len(keys) > 0 {
-		batch := keys[:min(len(keys), 500)]
-		keys = keys[len(batch):]
-		if err := rdb.Del(ctx, batch...).Err(); err != nil {
-			return fmt.Errorf("delete %s*: %w", prefix, err)
-		}
-	}
-	return nil
 }

@@ -1,0 +1,259 @@
+// options.go: the Options of New, their defaults and their validation.
+
+package idemstream
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// An Option configures a Consumer. Pass options to New.
+type Option func(*config)
+
+type config struct {
+	key           func(redis.XMessage) string
+	fingerprint   func(redis.XMessage) string
+	scope         *string // nil: the stream's and the group's names
+	maxDeliveries int64
+	deadLetter    string // "" : <stream>:dead
+	claimIdle     time.Duration
+	workers       int
+	batch         int
+	block         time.Duration
+	backoffMin    time.Duration
+	backoffMax    time.Duration
+	drain         time.Duration
+	onDeadLetter  func(context.Context, DeadLetter)
+	logger        *slog.Logger
+	problems      []string
+}
+
+func defaultConfig(keys *idem.Client) config {
+	lease := 30 * time.Second
+	if keys != nil {
+		lease = keys.Lease()
+	}
+	return config{
+		key:           nil, // the entry's ID, set in New
+		fingerprint:   defaultFingerprint,
+		maxDeliveries: 10,
+		claimIdle:     2 * lease,
+		workers:       1,
+		batch:         16,
+		block:         time.Second,
+		backoffMin:    time.Second,
+		backoffMax:    time.Minute,
+		drain:         lease,
+		logger:        slog.Default(),
+	}
+}
+
+func (c *config) problem(format string, args ...any) {
+	c.problems = append(c.problems, fmt.Sprintf(format, args...))
+}
+
+// WithKey sets how an entry's idempotency key is found: typically a field
+// that the producer sets to the event's stable business id, so that an
+// event the producer sent twice (in two entries) is handled once. An
+// entry for which key returns "" is dead-lettered (ErrNoKey). The key
+// given to Do is the scope (WithScope) followed by key's result.
+// The default is the entry's ID: redeliveries of one entry are handled
+// once, but an event sent twice is handled twice.
+func WithKey(key func(redis.XMessage) string) Option {
+	return func(c *config) {
+		if key == nil {
+			c.problem("WithKey(nil)")
+			return
+		}
+		c.key = key
+	}
+}
+
+// WithFingerprint sets how an entry's fingerprint is computed: a key seen
+// before with another fingerprint is a conflict (idem.ErrConflict), and
+// the entry is dead-lettered without running the handler. Fingerprint
+// what makes the event (not a send time that a producer's retry changes),
+// or return "" to skip the check.
+// The default is idem.Fingerprint of the entry's fields, independent of
+// their order.
+func WithFingerprint(fingerprint func(redis.XMessage) string) Option {
+	return func(c *config) {
+		if fingerprint == nil {
+			c.problem("WithFingerprint(nil)")
+			return
+		}
+		c.fingerprint = fingerprint
+	}
+}
+
+// WithScope sets the prefix of every key the Consumer gives to Do, so
+// that keys of one stream and group never meet another's in the same
+// idem.Client. Pass "" to share keys with other ways in (an HTTP handler
+// with the same keys, another group that must not repeat the work).
+// The default is the stream's and the group's names, each followed by
+// '/' (with '/' and '\' in them escaped by '\'): "orders/billing/".
+func WithScope(scope string) Option {
+	return func(c *config) { c.scope = &scope }
+}
+
+// WithMaxDeliveries sets how often an entry is delivered before it is
+// dead-lettered: after a transient failure of its n-th delivery, and
+// before its handler runs once more when its consumers died or hung
+// holding it n times. Redeliveries after errors that are not the
+// handler's (the key in progress elsewhere, Redis unreachable) are not
+// counted. It must be at least 1.
+// The default is 10.
+func WithMaxDeliveries(n int) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.problem("WithMaxDeliveries(%d): must be at least 1", n)
+			return
+		}
+		c.maxDeliveries = int64(n)
+	}
+}
+
+// WithDeadLetter sets the stream that dead-lettered entries are copied to
+// (XADD), with their fields and the Field* fields that say where they
+// come from and why.
+// The default is the consumer's stream followed by ":dead".
+func WithDeadLetter(stream string) Option {
+	return func(c *config) {
+		if stream == "" {
+			c.problem("WithDeadLetter(\"\"): needs a stream")
+			return
+		}
+		c.deadLetter = stream
+	}
+}
+
+// WithClaimIdle sets how long an entry stays with a consumer that neither
+// acknowledged it nor showed it is still working on it (a consumer renews
+// its entries every quarter of this time while it holds them) before
+// another consumer takes it over (XAUTOCLAIM). Above the Client's lease,
+// the taker finds the dead consumer's claim ended and runs the handler at
+// once; below it, it waits for the claim. It must be at least 10ms.
+// The default is twice the Client's lease (idem.WithLease).
+func WithClaimIdle(d time.Duration) Option {
+	return func(c *config) {
+		if d < 10*time.Millisecond {
+			c.problem("WithClaimIdle(%v): must be at least 10ms", d)
+			return
+		}
+		c.claimIdle = d
+	}
+}
+
+// WithWorkers sets how many entries are handled at once. With one, entries
+// are handled in the stream's order (an entry being retried holds back
+// the ones after it), except for entries taken over from other consumers.
+// It must be at least 1.
+// The default is 1.
+func WithWorkers(n int) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.problem("WithWorkers(%d): must be at least 1", n)
+			return
+		}
+		c.workers = n
+	}
+}
+
+// WithBatch sets how many entries one read (XREADGROUP, XAUTOCLAIM) asks
+// for. Entries read wait for a free worker, held by the consumer. It must
+// be at least 1.
+// The default is 16.
+func WithBatch(n int) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.problem("WithBatch(%d): must be at least 1", n)
+			return
+		}
+		c.batch = n
+	}
+}
+
+// WithBlock sets how long a read waits for new entries (XREADGROUP
+// BLOCK). Run notices the end of its context within this time. It must be
+// at least 1ms.
+// The default is 1 second.
+func WithBlock(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Millisecond {
+			c.problem("WithBlock(%v): must be at least 1ms", d)
+			return
+		}
+		c.block = d
+	}
+}
+
+// WithBackoff sets the pauses before an entry is tried again after a
+// transient failure: min after the first, doubling up to max, each
+// shortened by up to half at random. The same pauses space the retries
+// of reads that failed. It needs 0 < min <= max.
+// The default is 1 second to 1 minute.
+func WithBackoff(min, max time.Duration) Option {
+	return func(c *config) {
+		if min <= 0 || max < min {
+			c.problem("WithBackoff(%v, %v): needs 0 < min <= max", min, max)
+			return
+		}
+		c.backoffMin, c.backoffMax = min, max
+	}
+}
+
+// WithDrainTimeout sets how long the handlers still running when Run's
+// context ends may go on; then their context is cancelled. Run returns
+// once they have all returned. It must not be negative.
+// The default is the Client's lease.
+func WithDrainTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.problem("WithDrainTimeout(%v): must not be negative", d)
+			return
+		}
+		c.drain = d
+	}
+}
+
+// WithOnDeadLetter sets a function called after each entry was copied to
+// the dead-letter stream and acknowledged. It runs on the worker that
+// handled the entry; ctx is Run's context, detached from its cancellation.
+// The default is none.
+func WithOnDeadLetter(f func(ctx context.Context, d DeadLetter)) Option {
+	return func(c *config) { c.onDeadLetter = f }
+}
+
+// WithLogger sets where the Consumer reports what it works around: reads
+// and acknowledgements that failed and are retried, entries dead-lettered.
+// nil discards.
+// The default is slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l == nil {
+			l = slog.New(slog.DiscardHandler)
+		}
+		c.logger = l
+	}
+}
+
+// escapeName escapes '\' and '/' in a stream's or group's name for the
+// default scope, so that two pairs of names never make the same scope.
+func escapeName(s string) string {
+	if !strings.ContainsAny(s, `\/`) {
+		return s
+	}
+	return strings.NewReplacer(`\`, `\\`, `/`, `\/`).Replace(s)
+}
+
+// defaultFingerprint is idem.Fingerprint of the entry's fields: a map, so
+// the fields' order does not matter.
+func defaultFingerprint(m redis.XMessage) string {
+	return idem.Fingerprint(m.Values)
+}

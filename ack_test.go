@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -23,11 +23,11 @@ func (failingMarshaler) MarshalBinary() ([]byte, error) { return nil, errors.New
 func (*failingMarshaler) UnmarshalBinary([]byte) error  { return nil }
 
 func TestAck(t *testing.T) {
-	mr := miniredis.RunT(t)
-	b := &backend{name: "miniredis", addr: mr.Addr(), mr: mr}
+	b := idemtest.Miniredis(t)
+	mr := b.MR
 	ctx := context.Background()
-	c := b.idem(t, idem.WithWait(0), idem.WithLease(10*time.Second), idem.WithMaxResultSize(256), idem.WithStoreTimeout(50*time.Millisecond))
-	other := b.idem(t, idem.WithWait(0), idem.WithLease(10*time.Second))
+	c := b.Idem(t, idem.WithWait(0), idem.WithLease(10*time.Second), idem.WithMaxResultSize(256), idem.WithStoreTimeout(50*time.Millisecond))
+	other := b.Idem(t, idem.WithWait(0), idem.WithLease(10*time.Second))
 	ok := func(context.Context) ([]byte, error) { return []byte("ok"), nil }
 	fail := func(err error) func(context.Context) ([]byte, error) {
 		return func(context.Context) ([]byte, error) { return nil, err }
@@ -80,11 +80,11 @@ func TestAck(t *testing.T) {
 	_, err = idem.Do(ctx, c, "decode", "", func(context.Context) (v2, error) { return v2{}, nil })
 	add("ErrDecode (a stored result, another type)", must("decode", err, idem.ErrDecode), true)
 
-	late := b.idem(t, idem.WithLease(time.Second), idem.WithRetention(2*time.Second), idem.WithTombstones(time.Hour))
+	late := b.Idem(t, idem.WithLease(time.Second), idem.WithRetention(2*time.Second), idem.WithTombstones(time.Hour))
 	if _, err := late.Do(ctx, "late", "fp", ok); err != nil {
 		t.Fatal(err)
 	}
-	b.advance(t, 3*time.Second)
+	b.Advance(t, 3*time.Second)
 	_, err = late.Do(ctx, "late", "fp", ok)
 	add("ErrLateRetry (a tombstone)", must("late retry", err, idem.ErrLateRetry), true)
 
@@ -125,7 +125,7 @@ func TestAck(t *testing.T) {
 	// fn ran, then its lease was taken over: the newer owner's outcome
 	// stands, this one is not stored.
 	err = do("lost", "", func(context.Context) ([]byte, error) {
-		b.advance(t, 11*time.Second)
+		b.Advance(t, 11*time.Second)
 		if _, err := other.Do(ctx, "lost", "", ok); err != nil {
 			return nil, err
 		}
@@ -150,7 +150,7 @@ func TestAck(t *testing.T) {
 	}
 	add("ErrNotRecorded joined with fn's Permanent", must("not recorded, permanent", err, idem.ErrNotRecorded), false)
 
-	replicas := b.idem(t, idem.WithReplicas(1, 10*time.Millisecond))
+	replicas := b.Idem(t, idem.WithReplicas(1, 10*time.Millisecond))
 	_, err = replicas.Do(ctx, "replicas", "", ok)
 	add("ErrNotReplicated", must("not replicated", err, idem.ErrNotReplicated), false)
 
@@ -159,9 +159,9 @@ func TestAck(t *testing.T) {
 	_, err = closed.Do(ctx, "closed", "", ok)
 	add("ErrClosed", must("closed", err, idem.ErrClosed), false)
 
-	down := miniredis.RunT(t)
-	unreachable := (&backend{name: "miniredis", addr: down.Addr(), mr: down}).idem(t, idem.WithLogger(nil))
-	down.Close()
+	down := idemtest.Miniredis(t)
+	unreachable := down.Idem(t, idem.WithLogger(nil))
+	down.MR.Close()
 	_, err = unreachable.Do(ctx, "down", "", ok)
 	add("Redis unreachable", err, false)
 

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"runtime"
@@ -27,6 +28,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/benchrun"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -55,9 +58,6 @@ return 1`)
 const (
 	benchFingerprint = "account=42&amount=100"
 	benchRetention   = 24 * time.Hour // idem's default, for the raw TTL too
-	// flushBytes bounds the results that a new-key benchmark leaves in
-	// Redis before it deletes them, with the timer stopped.
-	flushBytes = 32 << 20
 )
 
 var resultSizes = []struct {
@@ -95,66 +95,14 @@ func benchRedis(b *testing.B) benchServer {
 	return benchServer{addr: miniredis.RunT(b).Addr()}
 }
 
-// cpuMeter measures the CPU time per op of the benchmark's process
-// (cli-us/op, where getrusage tells it) and of
-// the redis-server (srv-us/op, from INFO cpu): unlike ns/op, neither counts
-// the time spent waiting for the other, or for other programs on the
-// machine. With miniredis, the server's work is in cli-us/op.
-type cpuMeter struct {
-	b          *testing.B
-	info       *redis.Client // nil without a redis-server
-	cli0, srv0 time.Duration
-	cliOK      bool
-	srvOK      bool
-}
-
-func startCPU(b *testing.B, srv benchServer) *cpuMeter {
-	m := &cpuMeter{b: b}
+// startCPU starts measuring the CPU per op of the benchmark's process and
+// of the server srv (see benchrun.Meter).
+func startCPU(b *testing.B, srv benchServer) *benchrun.Meter {
+	var server *redis.Client
 	if srv.real {
-		m.info = benchClient(b, srv.addr)
+		server = benchClient(b, srv.addr)
 	}
-	m.srv0, m.srvOK = m.serverCPU()
-	m.cli0, m.cliOK = processCPU()
-	return m
-}
-
-// stop reports the CPU per op since startCPU, over n ops.
-func (m *cpuMeter) stop(n int) {
-	cli, cliOK := processCPU()
-	srv, srvOK := m.serverCPU()
-	if n <= 0 {
-		return
-	}
-	perOp := func(d time.Duration) float64 { return float64(d) / float64(n) / float64(time.Microsecond) }
-	if cliOK && m.cliOK {
-		m.b.ReportMetric(perOp(cli-m.cli0), "cli-us/op")
-	}
-	if srvOK && m.srvOK {
-		m.b.ReportMetric(perOp(srv-m.srv0), "srv-us/op")
-	}
-}
-
-// serverCPU is the redis-server's CPU time so far (user and system).
-func (m *cpuMeter) serverCPU() (time.Duration, bool) {
-	if m.info == nil {
-		return 0, false
-	}
-	info, err := m.info.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		return 0, false
-	}
-	var total float64
-	for _, line := range strings.Split(info, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if k == "used_cpu_user" || k == "used_cpu_sys" {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return 0, false
-			}
-			total += f
-		}
-	}
-	return time.Duration(total * float64(time.Second)), true
+	return benchrun.StartMeter(b, server)
 }
 
 // benchClient returns a go-redis client with default options, closed when
@@ -171,14 +119,6 @@ func benchIdem(b *testing.B, addr string, opts ...idem.Option) *idem.Client {
 	return c
 }
 
-func benchPayload(n int) []byte {
-	p := make([]byte, n)
-	for i := range p {
-		p[i] = 'a' + byte(i%26)
-	}
-	return p
-}
-
 // benchResultFn returns an fn that returns p.
 func benchResultFn(p []byte) func(context.Context) ([]byte, error) {
 	return func(context.Context) ([]byte, error) { return p, nil }
@@ -186,59 +126,6 @@ func benchResultFn(p []byte) func(context.Context) ([]byte, error) {
 
 // rawKey is the raw baseline's record key, built as idem builds its own.
 func rawKey(key string) string { return "raw:{" + key + "}" }
-
-// benchKeys hands out the new keys of one benchmark run and deletes their
-// records once they hold flushBytes of results, and when the run ends, so
-// that large results do not pile up in Redis.
-type benchKeys struct {
-	b       *testing.B
-	rdb     *redis.Client
-	prefix  string
-	record  func(key string) string // the Redis key of a key's record
-	size    int                     // result bytes per record
-	n       atomic.Int64            // keys handed out
-	flushed int64                   // keys deleted, in order
-}
-
-func newBenchKeys(b *testing.B, rdb *redis.Client, record func(string) string, size int) *benchKeys {
-	ks := &benchKeys{b: b, rdb: rdb, record: record, size: size,
-		prefix: "b" + strconv.FormatInt(benchRuns.Add(1), 10) + ":"}
-	b.Cleanup(ks.flush)
-	return ks
-}
-
-// next returns a new key, in one allocation as a caller would.
-func (ks *benchKeys) next() string {
-	var buf [48]byte
-	return string(strconv.AppendInt(append(buf[:0], ks.prefix...), ks.n.Add(1)-1, 10))
-}
-
-// maybeFlush deletes the records so far, timer stopped, if they hold more
-// than flushBytes. Not for parallel use.
-func (ks *benchKeys) maybeFlush() {
-	if (ks.n.Load()-ks.flushed)*int64(ks.size) < flushBytes {
-		return
-	}
-	ks.b.StopTimer()
-	ks.flush()
-	ks.b.StartTimer()
-}
-
-func (ks *benchKeys) flush() {
-	n := ks.n.Load()
-	for ks.flushed < n {
-		end := min(ks.flushed+1000, n)
-		keys := make([]string, 0, end-ks.flushed)
-		for i := ks.flushed; i < end; i++ {
-			keys = append(keys, ks.record(ks.prefix+strconv.FormatInt(i, 10)))
-		}
-		if err := ks.rdb.Unlink(context.Background(), keys...).Err(); err != nil {
-			ks.b.Errorf("delete the benchmark's records: %v", err)
-			return
-		}
-		ks.flushed = end
-	}
-}
 
 // rawNewKey is the raw floor of a new key: two EVALSHA.
 func rawNewKey(ctx context.Context, rdb *redis.Client, key, token string, result []byte) error {
@@ -296,39 +183,39 @@ func BenchmarkNewKey(b *testing.B) {
 	addr := srv.addr
 	ctx := context.Background()
 	for _, size := range resultSizes {
-		p := benchPayload(size.n)
+		p := benchrun.Payload(size.n)
 		b.Run(size.name+"/idem", func(b *testing.B) {
 			c := benchIdem(b, addr)
-			ks := newBenchKeys(b, benchClient(b, addr), func(k string) string { return idem.RecordKey(c, k) }, size.n)
+			ks := benchrun.NewKeys(b, benchClient(b, addr), func(k string) string { return idem.RecordKey(c, k) }, size.n)
 			fn := benchResultFn(p)
-			if _, err := c.Do(ctx, ks.next(), benchFingerprint, fn); err != nil { // caches the scripts
+			if _, err := c.Do(ctx, ks.Next(), benchFingerprint, fn); err != nil { // caches the scripts
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
 			cpu := startCPU(b, srv)
 			for b.Loop() {
-				if _, err := c.Do(ctx, ks.next(), benchFingerprint, fn); err != nil {
+				if _, err := c.Do(ctx, ks.Next(), benchFingerprint, fn); err != nil {
 					b.Fatal(err)
 				}
-				ks.maybeFlush()
+				ks.MaybeFlush(b)
 			}
-			cpu.stop(b.N)
+			cpu.Stop(b.N)
 		})
 		b.Run(size.name+"/raw", func(b *testing.B) {
 			rdb := benchClient(b, addr)
-			ks := newBenchKeys(b, rdb, rawKey, size.n)
-			if err := rawNewKey(ctx, rdb, ks.next(), rawToken, p); err != nil {
+			ks := benchrun.NewKeys(b, rdb, rawKey, size.n)
+			if err := rawNewKey(ctx, rdb, ks.Next(), rawToken, p); err != nil {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
 			cpu := startCPU(b, srv)
 			for b.Loop() {
-				if err := rawNewKey(ctx, rdb, ks.next(), rawToken, p); err != nil {
+				if err := rawNewKey(ctx, rdb, ks.Next(), rawToken, p); err != nil {
 					b.Fatal(err)
 				}
-				ks.maybeFlush()
+				ks.MaybeFlush(b)
 			}
-			cpu.stop(b.N)
+			cpu.Stop(b.N)
 		})
 	}
 }
@@ -338,7 +225,7 @@ func BenchmarkReplay(b *testing.B) {
 	addr := srv.addr
 	ctx := context.Background()
 	for _, size := range resultSizes {
-		p := benchPayload(size.n)
+		p := benchrun.Payload(size.n)
 		key := fmt.Sprint("replay-", size.name)
 		b.Run(size.name+"/idem", func(b *testing.B) {
 			c := benchIdem(b, addr)
@@ -351,7 +238,7 @@ func BenchmarkReplay(b *testing.B) {
 			for b.Loop() {
 				idemReplay(b, ctx, c, key, fn, len(p))
 			}
-			cpu.stop(b.N)
+			cpu.Stop(b.N)
 		})
 		b.Run(size.name+"/raw", func(b *testing.B) {
 			rdb := benchClient(b, addr)
@@ -370,7 +257,7 @@ func BenchmarkReplay(b *testing.B) {
 			for b.Loop() {
 				rawReplayCall(b, ctx, rdb, rk, len(p))
 			}
-			cpu.stop(b.N)
+			cpu.Stop(b.N)
 		})
 	}
 }
@@ -379,7 +266,7 @@ func BenchmarkConflict(b *testing.B) {
 	srv := benchRedis(b)
 	addr := srv.addr
 	ctx := context.Background()
-	p := benchPayload(100)
+	p := benchrun.Payload(100)
 	b.Run("idem", func(b *testing.B) {
 		c := benchIdem(b, addr)
 		fn := benchResultFn(p)
@@ -391,7 +278,7 @@ func BenchmarkConflict(b *testing.B) {
 		for b.Loop() {
 			idemConflict(b, ctx, c, "conflict", fn)
 		}
-		cpu.stop(b.N)
+		cpu.Stop(b.N)
 	})
 	b.Run("raw", func(b *testing.B) {
 		rdb := benchClient(b, addr)
@@ -405,7 +292,7 @@ func BenchmarkConflict(b *testing.B) {
 		for b.Loop() {
 			rawConflictCall(b, ctx, rdb, rk)
 		}
-		cpu.stop(b.N)
+		cpu.Stop(b.N)
 	})
 }
 
@@ -446,7 +333,7 @@ func BenchmarkPaired(b *testing.B) {
 		b.ReportMetric(float64(rawTime)/float64(idemTime), "raw/idem")
 	}
 	for _, size := range resultSizes {
-		p := benchPayload(size.n)
+		p := benchrun.Payload(size.n)
 		b.Run("NewKey/"+size.name, func(b *testing.B) {
 			calls, flush := pairedNewKeys(b, srv, p)
 			must := func(call func() error) func() {
@@ -460,7 +347,7 @@ func BenchmarkPaired(b *testing.B) {
 		})
 	}
 	for _, size := range resultSizes {
-		p := benchPayload(size.n)
+		p := benchrun.Payload(size.n)
 		b.Run("Replay/"+size.name, func(b *testing.B) {
 			rdb := benchClient(b, srv.addr)
 			c := idem.New(rdb)
@@ -483,7 +370,7 @@ func BenchmarkPaired(b *testing.B) {
 		c := idem.New(rdb)
 		b.Cleanup(func() { _ = c.Close() })
 		key := fmt.Sprint("paired-conflict-", benchRuns.Add(1))
-		p := benchPayload(100)
+		p := benchrun.Payload(100)
 		fn := benchResultFn(p)
 		if _, err := c.Do(ctx, key, benchFingerprint, fn); err != nil {
 			b.Fatal(err)
@@ -494,12 +381,12 @@ func BenchmarkPaired(b *testing.B) {
 			func() { rawConflictCall(b, ctx, rdb, rk) }, func() {})
 	})
 	b.Run("NewKeyParallel", func(b *testing.B) {
-		calls, _ := pairedNewKeys(b, srv, benchPayload(100))
+		calls, _ := pairedNewKeys(b, srv, benchrun.Payload(100))
 		pairedParallel(b, srv, calls, 8)
 	})
 	// 64 goroutines on this 2-core machine: a busy service.
 	b.Run("NewKeyParallel64", func(b *testing.B) {
-		calls, _ := pairedNewKeys(b, srv, benchPayload(100))
+		calls, _ := pairedNewKeys(b, srv, benchrun.Payload(100))
 		pairedParallel(b, srv, calls, max(1, 64/runtime.GOMAXPROCS(0)))
 	})
 }
@@ -507,130 +394,43 @@ func BenchmarkPaired(b *testing.B) {
 // pairedNewKeys returns the new-key calls, with result p, of idem
 // (calls[0]) and of the raw baseline (calls[1]), through one go-redis
 // client and each on keys of its own, having made each once to cache the
-// scripts; flush deletes their records once they hold flushBytes (not for
+// scripts; flush deletes their records once they hold benchrun.FlushBytes (not for
 // parallel use; the run's end deletes them all).
 func pairedNewKeys(b *testing.B, srv benchServer, p []byte) (calls [2]func() error, flush func()) {
 	ctx := context.Background()
 	rdb := benchClient(b, srv.addr)
 	c := idem.New(rdb)
 	b.Cleanup(func() { _ = c.Close() })
-	iks := newBenchKeys(b, rdb, func(k string) string { return idem.RecordKey(c, k) }, len(p))
-	rks := newBenchKeys(b, rdb, rawKey, len(p))
+	iks := benchrun.NewKeys(b, rdb, func(k string) string { return idem.RecordKey(c, k) }, len(p))
+	rks := benchrun.NewKeys(b, rdb, rawKey, len(p))
 	fn := benchResultFn(p)
 	calls = [2]func() error{
-		func() error { _, err := c.Do(ctx, iks.next(), benchFingerprint, fn); return err },
-		func() error { return rawNewKey(ctx, rdb, rks.next(), rawToken, p) },
+		func() error { _, err := c.Do(ctx, iks.Next(), benchFingerprint, fn); return err },
+		func() error { return rawNewKey(ctx, rdb, rks.Next(), rawToken, p) },
 	}
 	for _, call := range calls {
 		if err := call(); err != nil {
 			b.Fatal(err)
 		}
 	}
-	return calls, func() { iks.maybeFlush(); rks.maybeFlush() }
+	return calls, func() { iks.MaybeFlush(b); rks.MaybeFlush(b) }
 }
 
 // pairedParallel runs calls[0] (idem's) and calls[1] (the baseline's) from
-// perCPU goroutines per CPU, in phases of pairedPhase: every goroutine makes the
-// calls of the current phase, which alternates between the two. Slow
-// changes of the machine's load then weigh on both alike, as in
-// BenchmarkPaired; background work that one of them causes (garbage
-// collection, the server's housekeeping) may fall in the other's phase. It
-// reports each one's ns/op (the time of its phases over its calls: the
-// inverse of its throughput), raw/idem (the ratio of their throughputs)
-// and, as cpuMeter does, the CPU time of its phases per call, of the client
-// and of the server. A call under way when the phase changes counts for
-// its own phase. The connection pool is filled before, and runs start with
-// either side in turn.
+// perCPU goroutines per CPU in phases (see benchrun.Phases), which take
+// turns in an order drawn anew every round, and reports, beside each
+// one's ns/op and CPU per call, raw/idem: the ratio of their throughputs.
 func pairedParallel(b *testing.B, srv benchServer, calls [2]func() error, perCPU int) {
-	var (
-		phase   atomic.Int32 // index into calls
-		n       [2]atomic.Int64
-		stop    = make(chan struct{})
-		stopped = make(chan struct{})
-		// Owned by the goroutine that changes phases until stopped.
-		elapsed, cli, server [2]time.Duration
-		cliOK, srvOK         = true, true
-	)
-	m := startCPU(b, srv) // for its server connection
-	// Fill the connection pool first, or the first phase would pay for
-	// dialling it; and start with each side in turn, run after run.
-	var warm sync.WaitGroup
-	for range perCPU * runtime.GOMAXPROCS(0) {
-		warm.Go(func() {
-			for _, call := range calls {
-				if err := call(); err != nil {
-					b.Error(err)
-				}
-			}
-		})
+	var server *redis.Client
+	if srv.real {
+		server = benchClient(b, srv.addr)
 	}
-	warm.Wait()
-	phase.Store(int32(benchRuns.Add(1) % 2))
-	b.SetParallelism(perCPU)
-	b.ResetTimer()
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(pairedPhase)
-		defer t.Stop()
-		last := time.Now()
-		lastCli, ok1 := processCPU()
-		lastSrv, ok2 := m.serverCPU()
-		cliOK, srvOK = ok1, ok2
-		end := func(p int32, now time.Time) {
-			c, ok1 := processCPU()
-			s, ok2 := m.serverCPU()
-			cliOK, srvOK = cliOK && ok1, srvOK && ok2
-			elapsed[p] += now.Sub(last)
-			cli[p] += c - lastCli
-			server[p] += s - lastSrv
-			last, lastCli, lastSrv = now, c, s
-		}
-		for {
-			select {
-			case <-stop:
-				end(phase.Load(), time.Now())
-				return
-			case now := <-t.C:
-				p := phase.Load()
-				phase.Store(1 - p)
-				end(p, now)
-			}
-		}
-	}()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			p := phase.Load()
-			if err := calls[p](); err != nil {
-				b.Error(err)
-				return
-			}
-			n[p].Add(1)
-		}
-	})
-	close(stop)
-	<-stopped
-	b.StopTimer()
-	if n[0].Load() == 0 || n[1].Load() == 0 {
-		return // too short a run for both phases: no figures
-	}
-	per := func(d time.Duration, i int) float64 { return float64(d.Nanoseconds()) / float64(n[i].Load()) }
-	b.ReportMetric(per(elapsed[0], 0), "idem-ns/op")
-	b.ReportMetric(per(elapsed[1], 1), "raw-ns/op")
-	b.ReportMetric(per(elapsed[1], 1)/per(elapsed[0], 0), "raw/idem")
-	if cliOK {
-		b.ReportMetric(per(cli[0], 0)/1e3, "idem-cli-us/op")
-		b.ReportMetric(per(cli[1], 1)/1e3, "raw-cli-us/op")
-	}
-	if srvOK {
-		b.ReportMetric(per(server[0], 0)/1e3, "idem-srv-us/op")
-		b.ReportMetric(per(server[1], 1)/1e3, "raw-srv-us/op")
+	rng := rand.New(rand.NewPCG(uint64(benchRuns.Add(1)), 0))
+	sides := []benchrun.Side{{Name: "idem", Call: calls[0]}, {Name: "raw", Call: calls[1]}}
+	if nsOp := benchrun.Phases(b, sides, perCPU, server, rng); nsOp != nil {
+		b.ReportMetric(nsOp[1]/nsOp[0], "raw/idem")
 	}
 }
-
-// pairedPhase is how long pairedParallel runs one side before the other:
-// long beside a call (16 calls under way end within a millisecond or two
-// of a change), short beside a run (-benchtime 300ms holds 15 phases).
-const pairedPhase = 20 * time.Millisecond
 
 // BenchmarkScripts measures what the server spends in the scripts of a new
 // key (claim, then complete, with a 100-byte result), idem's beside the
@@ -645,14 +445,14 @@ func BenchmarkScripts(b *testing.B) {
 		b.Skip("needs a redis-server: miniredis keeps no command statistics")
 	}
 	ctx := context.Background()
-	p := benchPayload(100)
+	p := benchrun.Payload(100)
 	const batch = 100
 	rdb := benchClient(b, srv.addr)
 	c := benchIdem(b, srv.addr)
 	type side struct {
 		claim, complete *redis.Script
 		args            func() (claim, complete []any)
-		ks              *benchKeys
+		ks              *benchrun.Keys
 		usec, calls     float64
 	}
 	sides := [2]*side{
@@ -671,7 +471,7 @@ func BenchmarkScripts(b *testing.B) {
 		},
 	}
 	for _, sd := range sides {
-		sd.ks = newBenchKeys(b, rdb, rawKey, len(p))
+		sd.ks = benchrun.NewKeys(b, rdb, rawKey, len(p))
 		for _, s := range []*redis.Script{sd.claim, sd.complete} {
 			if err := s.Load(ctx, rdb).Err(); err != nil {
 				b.Fatal(err)
@@ -703,7 +503,7 @@ func BenchmarkScripts(b *testing.B) {
 			b.StopTimer()
 			rks, cargs, pargs := make([]string, batch), make([][]any, batch), make([][]any, batch)
 			for k := range rks {
-				rks[k] = rawKey(sd.ks.next())
+				rks[k] = rawKey(sd.ks.Next())
 				cargs[k], pargs[k] = sd.args()
 			}
 			b.StartTimer()
@@ -717,7 +517,7 @@ func BenchmarkScripts(b *testing.B) {
 					pipe.EvalSha(ctx, sd.complete.Hash(), []string{rk, rk + ":done"}, pargs[k]...)
 				}
 			})
-			sd.ks.maybeFlush()
+			sd.ks.MaybeFlush(b)
 		}
 		i++
 	}
@@ -764,13 +564,13 @@ func BenchmarkNewKeyParallel(b *testing.B) {
 	srv := benchRedis(b)
 	addr := srv.addr
 	ctx := context.Background()
-	p := benchPayload(100)
+	p := benchrun.Payload(100)
 	const perCPU = 8
 	b.Run("idem", func(b *testing.B) {
 		c := benchIdem(b, addr)
-		ks := newBenchKeys(b, benchClient(b, addr), func(k string) string { return idem.RecordKey(c, k) }, len(p))
+		ks := benchrun.NewKeys(b, benchClient(b, addr), func(k string) string { return idem.RecordKey(c, k) }, len(p))
 		fn := benchResultFn(p)
-		if _, err := c.Do(ctx, ks.next(), benchFingerprint, fn); err != nil {
+		if _, err := c.Do(ctx, ks.Next(), benchFingerprint, fn); err != nil {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
@@ -779,18 +579,18 @@ func BenchmarkNewKeyParallel(b *testing.B) {
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := c.Do(ctx, ks.next(), benchFingerprint, fn); err != nil {
+				if _, err := c.Do(ctx, ks.Next(), benchFingerprint, fn); err != nil {
 					b.Error(err)
 					return
 				}
 			}
 		})
-		cpu.stop(b.N)
+		cpu.Stop(b.N)
 	})
 	b.Run("raw", func(b *testing.B) {
 		rdb := benchClient(b, addr)
-		ks := newBenchKeys(b, rdb, rawKey, len(p))
-		if err := rawNewKey(ctx, rdb, ks.next(), rawToken, p); err != nil {
+		ks := benchrun.NewKeys(b, rdb, rawKey, len(p))
+		if err := rawNewKey(ctx, rdb, ks.Next(), rawToken, p); err != nil {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
@@ -799,13 +599,13 @@ func BenchmarkNewKeyParallel(b *testing.B) {
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if err := rawNewKey(ctx, rdb, ks.next(), rawToken, p); err != nil {
+				if err := rawNewKey(ctx, rdb, ks.Next(), rawToken, p); err != nil {
 					b.Error(err)
 					return
 				}
 			}
 		})
-		cpu.stop(b.N)
+		cpu.Stop(b.N)
 	})
 }
 
@@ -820,7 +620,7 @@ func BenchmarkHotKey(b *testing.B) {
 	srv := benchRedis(b)
 	addr := srv.addr
 	ctx := context.Background()
-	p := benchPayload(100)
+	p := benchrun.Payload(100)
 	const (
 		callers = 32
 		work    = time.Millisecond
@@ -854,7 +654,7 @@ func BenchmarkHotKey(b *testing.B) {
 		for b.Loop() {
 			one()
 		}
-		cpu.stop(b.N)
+		cpu.Stop(b.N)
 		if n := runs.Load(); n != int64(keys) {
 			b.Fatalf("fn ran %d times for %d keys", n, keys)
 		}
@@ -899,7 +699,7 @@ func BenchmarkHotKey(b *testing.B) {
 		for b.Loop() {
 			one()
 		}
-		cpu.stop(b.N)
+		cpu.Stop(b.N)
 	})
 }
 
@@ -964,7 +764,7 @@ const wakeHold = 200 * time.Millisecond
 func wakeRound(b *testing.B, owner, waiter *idem.Client, wctr *cmdCounter, keys, waiters int, pubsub bool) (lat, fnLat []time.Duration) {
 	ctx := context.Background()
 	prefix := fmt.Sprint("wake", benchRuns.Add(1), ":")
-	p := benchPayload(100)
+	p := benchrun.Payload(100)
 
 	release := make(chan struct{})
 	started := make(chan struct{}, keys)
@@ -1005,7 +805,7 @@ func wakeRound(b *testing.B, owner, waiter *idem.Client, wctr *cmdCounter, keys,
 	}
 	// Every key's first waiter has seen its owner busy (and, with pub/sub,
 	// subscribed); the hold lets the others join and everyone settle.
-	eventually(b, time.Minute, "the waiters' claims", func() bool {
+	idemtest.Eventually(b, time.Minute, "the waiters' claims", func() bool {
 		return wctr.snapshot().since(before).cmds["evalsha claim"] >= keys &&
 			(!pubsub || idem.Subscribed(waiter) == keys)
 	})

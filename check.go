@@ -1,6 +1,6 @@
-// check.go: Check and CheckServers, which tell whether the Redis behind a
-// Client can keep idem's promises, for start-up and readiness probes; and
-// the Client's own periodic check of maxmemory-policy.
+// check.go: Check, which tells whether the Redis behind a Client can keep
+// idem's promises, for start-up and readiness probes; and the Client's own
+// periodic check of maxmemory-policy.
 
 package idem
 
@@ -14,10 +14,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/redis/go-redis/v9"
 )
 
-// ServerCheck is what CheckServers found on one Redis server: the server
+// ServerCheck is what Check found on one Redis server: the server
 // of a single or Sentinel-managed deployment, or one master of a cluster.
 type ServerCheck struct {
 	// Addr is the server's address.
@@ -48,20 +49,12 @@ type ServerCheck struct {
 // where sharded pub/sub is needed (a cluster), has maxmemory-policy
 // noeviction, accepts idem's scripts (SCRIPT LOAD), and has at least the
 // replicas WithReplicas waits for. It checks the one server of a single or
-// Sentinel deployment and every master of a cluster. It returns nil, or
-// the problems found joined (errors.Join), each saying what to change. Use
-// it at start-up and in readiness probes; CheckServers tells more.
-func (c *Client) Check(ctx context.Context) error {
-	_, err := c.CheckServers(ctx)
-	return err
-}
-
-// CheckServers runs the checks of Check and returns, beside its error,
-// what it found on each server, sorted by address: its settings, its
-// problems, and notes on persistence and replication (an append-only file
-// with appendfsync always keeps every acknowledged outcome across a crash
-// of Redis; replication is asynchronous unless WithReplicas waits).
-func (c *Client) CheckServers(ctx context.Context) ([]ServerCheck, error) {
+// Sentinel deployment and every master of a cluster, and returns what it
+// found on each, sorted by address (settings, problems, and notes on
+// persistence and replication), with the problems joined (errors.Join)
+// as its error, each saying what to change. Use it at start-up and in
+// readiness probes.
+func (c *Client) Check(ctx context.Context) ([]ServerCheck, error) {
 	if c == nil || c.rdb == nil {
 		return nil, errors.New("idem: Client has no Redis client (use idem.New with a non-nil client)")
 	}
@@ -143,9 +136,9 @@ func (c *Client) checkServer(ctx context.Context, rdb *redis.Client) ServerCheck
 	}
 	for _, sc := range []struct {
 		name string
-		s    script
+		s    pipeline.Script
 	}{{"claim", claimScript}, {"complete", completeScript}, {"release", releaseScript}, {"renew", renewScript}, {"status", statusScript}, {"forget", forgetScript}, {"step", stepScript}} {
-		sha, err := rdb.ScriptLoad(ctx, sc.s.src).Result()
+		sha, err := rdb.ScriptLoad(ctx, sc.s.Src).Result()
 		if err != nil {
 			problem("cannot load the %s script (%v); allow EVAL, EVALSHA and SCRIPT LOAD (ACL category @scripting) to the client's user", sc.name, err)
 			break

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -50,9 +51,9 @@ func joined(err error) []error {
 func TestCheckSingle(t *testing.T) {
 	ctx := context.Background()
 	t.Run("healthy", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{AppendOnly: true})
-		c := b.idem(t)
-		servers, err := c.CheckServers(ctx)
+		b := idemtest.Redis(t, redistest.Config{AppendOnly: true})
+		c := b.Idem(t)
+		servers, err := c.Check(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,31 +61,31 @@ func TestCheckSingle(t *testing.T) {
 			t.Fatalf("%d servers", len(servers))
 		}
 		s := servers[0]
-		if s.Addr != b.addr || s.Role != "master" || s.MaxMemoryPolicy != "noeviction" || !s.AppendOnly || s.AppendFsync != "always" || s.Version == "" {
+		if s.Addr != b.Addr || s.Role != "master" || s.MaxMemoryPolicy != "noeviction" || !s.AppendOnly || s.AppendFsync != "always" || s.Version == "" {
 			t.Fatalf("server %+v", s)
 		}
 		if len(s.Notes) != 1 || !strings.Contains(s.Notes[0], "no replicas") {
 			t.Fatalf("notes %q; want only the missing replicas", s.Notes)
 		}
-		if err := c.Check(ctx); err != nil {
+		if _, err := c.Check(ctx); err != nil {
 			t.Fatal(err)
 		}
 	})
 
 	t.Run("misconfigured", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{
+		b := idemtest.Redis(t, redistest.Config{
 			MaxMemoryPolicy: "allkeys-lru",
 			// The client's user may not run scripts.
 			Extra: []string{"user default on nopass ~* &* +@all -@scripting"},
 		})
-		c := b.idem(t, idem.WithReplicas(1, time.Second), idem.WithLogger(nil))
-		servers, err := c.CheckServers(ctx)
+		c := b.Idem(t, idem.WithReplicas(1, time.Second), idem.WithLogger(nil))
+		servers, err := c.Check(ctx)
 		mustProblems(t, servers, err, 3,
 			"maxmemory-policy is allkeys-lru", "set maxmemory-policy noeviction",
 			"cannot load the claim script", "@scripting",
 			"WithReplicas(1)", "0 are connected")
-		if !strings.Contains(err.Error(), b.addr) {
-			t.Errorf("the error does not name the server %s: %v", b.addr, err)
+		if !strings.Contains(err.Error(), b.Addr) {
+			t.Errorf("the error does not name the server %s: %v", b.Addr, err)
 		}
 		if notes := strings.Join(servers[0].Notes, "\n"); !strings.Contains(notes, "appendonly no") {
 			t.Errorf("notes do not report the missing append-only file: %q", notes)
@@ -92,8 +93,8 @@ func TestCheckSingle(t *testing.T) {
 	})
 
 	t.Run("appendfsync everysec", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{AppendOnly: true, Extra: []string{"appendfsync everysec"}})
-		servers, err := b.idem(t).CheckServers(ctx)
+		b := idemtest.Redis(t, redistest.Config{AppendOnly: true, Extra: []string{"appendfsync everysec"}})
+		servers, err := b.Idem(t).Check(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,16 +106,16 @@ func TestCheckSingle(t *testing.T) {
 	t.Run("replica", func(t *testing.T) {
 		primary := redistest.Start(t, redistest.Config{})
 		replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + portOf(primary.Addr())}})
-		eventually(t, 10*time.Second, "the replica's sync", func() bool {
+		idemtest.Eventually(t, 10*time.Second, "the replica's sync", func() bool {
 			return strings.Contains(fmt.Sprint(replica.Do(t, "INFO", "replication")), "master_link_status:up")
 		})
-		b := &backend{name: "redis", addr: replica.Addr(), srv: replica}
-		servers, err := b.idem(t, idem.WithLogger(nil)).CheckServers(ctx)
+		b := idemtest.OnServer(replica)
+		servers, err := b.Idem(t, idem.WithLogger(nil)).Check(ctx)
 		mustProblems(t, servers, err, 1, "is a replica", "point the client at the primary")
 
 		// The primary has one replica now: WithReplicas(1) is satisfied.
-		b = &backend{name: "redis", addr: primary.Addr(), srv: primary}
-		if err := b.idem(t, idem.WithReplicas(1, time.Second)).Check(ctx); err != nil {
+		b = idemtest.OnServer(primary)
+		if _, err := b.Idem(t, idem.WithReplicas(1, time.Second)).Check(ctx); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -130,7 +131,7 @@ func TestCheckSingle(t *testing.T) {
 		defer rdb.Close()
 		c := idem.New(rdb, idem.WithLogger(nil))
 		defer c.Close()
-		servers, err := c.CheckServers(ctx)
+		servers, err := c.Check(ctx)
 		mustProblems(t, servers, err, 1, "cannot reach", addr)
 	})
 }
@@ -149,7 +150,7 @@ func TestCheckSentinel(t *testing.T) {
 	t.Run("healthy", func(t *testing.T) {
 		primary := redistest.Start(t, redistest.Config{AppendOnly: true})
 		c := newClient(t, startSentinel(t, primary.Addr()))
-		servers, err := c.CheckServers(ctx)
+		servers, err := c.Check(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +161,7 @@ func TestCheckSentinel(t *testing.T) {
 	t.Run("misconfigured", func(t *testing.T) {
 		primary := redistest.Start(t, redistest.Config{MaxMemoryPolicy: "volatile-lru"})
 		c := newClient(t, startSentinel(t, primary.Addr()), idem.WithReplicas(1, time.Second), idem.WithLogger(nil))
-		servers, err := c.CheckServers(ctx)
+		servers, err := c.Check(ctx)
 		mustProblems(t, servers, err, 2, "maxmemory-policy is volatile-lru", "WithReplicas(1)", primary.Addr())
 	})
 }
@@ -173,7 +174,7 @@ func TestCheckCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 1)
 	c := idem.New(cl.Client(t))
 	t.Cleanup(func() { _ = c.Close() })
-	servers, err := c.CheckServers(ctx)
+	servers, err := c.Check(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestCheckCluster(t *testing.T) {
 	}
 	c2 := idem.New(cl.Client(t), idem.WithReplicas(2, time.Second), idem.WithLogger(nil))
 	t.Cleanup(func() { _ = c2.Close() })
-	servers, err = c2.CheckServers(ctx)
+	servers, err = c2.Check(ctx)
 	mustProblems(t, servers, err, 4, "Redis at "+evicting+": maxmemory-policy is allkeys-random", "WithReplicas(2)", "1 are connected")
 	for _, s := range servers {
 		if !strings.Contains(err.Error(), "Redis at "+s.Addr+": WithReplicas(2)") {

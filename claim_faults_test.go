@@ -5,15 +5,15 @@ package idem_test
 // docs/faults.md, which maps every row to its tests). The other families:
 // outcome_faults_test.go (after fn ran), server_faults_test.go (restarts,
 // script flushes), lease_test.go (slow replies and leases), wait_test.go
-// (waiters), child_test.go (owners in a child process, rows 6 and 7).
+// (waiters), owner_process_test.go (owners in a child process, rows 6 and 7).
 //
 // The shared invariant, checked in every test: fn runs at most once per key
-// (the ledger; more only where a row says so), and every Do that returns no
+// (idemtest.Runs; more only where a row says so), and every Do that returns no
 // error returns the same bytes for one key.
 //
 // Faults on the wire come from internal/faultconn: a rule acts on the Nth
-// run of a script, matched by its SHA-1 (faultSHA, in helpers_test.go).
-// The scripts are loaded first (faultLoadScripts), so that no rule acts on
+// run of a script, matched by its SHA-1 (idemtest.IsScript).
+// The scripts are loaded first (idemtest.FaultRedis), so that no rule acts on
 // an EVALSHA that only answered NOSCRIPT.
 
 import (
@@ -29,6 +29,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -37,16 +38,15 @@ import (
 // default) sends the script again: the repeat, with the same owner token,
 // answers "yours", and fn runs once as attempt 1.
 func TestClaimReplyLostIsRetried(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
-	claim := faultConnScript(t, "claim")
-	count, claims := faultCount(claim)
+	b := idemtest.FaultRedis(t, redistest.Config{})
+	claim := idemtest.IsScript(t, "claim")
+	count, claims := idemtest.Count(claim)
 	in := faultconn.New(count, faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DropReply})
 	// A short wait: were the repeat not "yours", Do would wait for itself.
-	c := faultyClient(t, b, in, nil, idem.WithWait(2*time.Second))
-	var l ledger
+	c := idemtest.Faulty(t, b, in, nil, idem.WithWait(2*time.Second))
+	var l idemtest.Runs
 
-	res, err := c.Do(context.Background(), "k", "fp", l.fn("ok"))
+	res, err := c.Do(context.Background(), "k", "fp", l.Fn("ok"))
 	if err != nil || string(res) != "ok#1" {
 		t.Fatalf("got %q, %v; want ok#1", res, err)
 	}
@@ -56,9 +56,9 @@ func TestClaimReplyLostIsRetried(t *testing.T) {
 	if n := claims.Load(); n != 2 {
 		t.Fatalf("the claim was sent %d times, want 2 (the one whose reply was lost, and go-redis's retry)", n)
 	}
-	faultRuns(t, &l, "k", "[1]")
-	faultWantStatus(t, b, "k", idem.StateDone, 1)
-	faultReplay(t, b, "k", "ok#1", &l)
+	l.Want(t, "k", "[1]")
+	idemtest.WantStatus(t, b, "k", idem.StateDone, 1)
+	idemtest.Replay(t, b, "k", "ok#1", &l)
 }
 
 // Row 4: the claim's outcome is unknown: its reply was lost with no retry
@@ -67,24 +67,23 @@ func TestClaimReplyLostIsRetried(t *testing.T) {
 // if) it is ours: the next call runs at once as attempt 2, instead of
 // waiting out the lease (30s here).
 func TestClaimOutcomeUnknown(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
-	claim := faultConnScript(t, "claim")
+	b := idemtest.FaultRedis(t, redistest.Config{})
+	claim := idemtest.IsScript(t, "claim")
 	ctx := context.Background()
-	var l ledger
+	var l idemtest.Runs
 
 	// afterwards checks the state a failed claim left behind. Once the
 	// caller's context has ended, the claim is given back in the
 	// background (Do does not wait for it): wait for it here.
 	afterwards := func(t *testing.T, key string) {
 		t.Helper()
-		faultRuns(t, &l, key, "[]")
-		eventually(t, 5*time.Second, "the claim given back", func() bool {
-			return faultStatus(t, b, key).State == idem.StateReleased
+		l.Want(t, key, "[]")
+		idemtest.Eventually(t, 5*time.Second, "the claim given back", func() bool {
+			return idemtest.Status(t, b, key).State == idem.StateReleased
 		})
-		faultWantStatus(t, b, key, idem.StateReleased, 1)
+		idemtest.WantStatus(t, b, key, idem.StateReleased, 1)
 		// WithWait(0): a key still claimed would give ErrInProgress.
-		res, err := b.idem(t, idem.WithWait(0)).Do(ctx, key, "fp", l.fn("next"))
+		res, err := b.Idem(t, idem.WithWait(0)).Do(ctx, key, "fp", l.Fn("next"))
 		if err != nil || string(res) != "next#2" {
 			t.Fatalf("the next call: got %q, %v; want next#2 at once", res, err)
 		}
@@ -92,8 +91,8 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 
 	t.Run("reply lost, no retries", func(t *testing.T) {
 		in := faultconn.New(faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DropReply})
-		c := faultyClient(t, b, in, noRetry)
-		_, err := c.Do(ctx, "lost", "fp", l.fn("never"))
+		c := idemtest.Faulty(t, b, in, idemtest.NoRetry)
+		_, err := c.Do(ctx, "lost", "fp", l.Fn("never"))
 		if !errors.Is(err, io.EOF) || !strings.Contains(err.Error(), "claim") {
 			t.Fatalf("got %v, want the claim's io.EOF", err)
 		}
@@ -107,11 +106,11 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 		// machine: with 100ms, it sometimes passed before the write, and
 		// there was no claim to give back (TestSuiteBesideBusyGoroutines).
 		in := faultconn.New(faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: 4 * time.Second})
-		c := faultyClient(t, b, in, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+		c := idemtest.Faulty(t, b, in, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 		dctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		t0 := time.Now()
-		_, err := c.Do(dctx, "deadline", "fp", l.fn("never"))
+		_, err := c.Do(dctx, "deadline", "fp", l.Fn("never"))
 		if err == nil || !strings.Contains(err.Error(), "claim") {
 			t.Fatalf("got %v, want the claim's error", err)
 		}
@@ -130,10 +129,10 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 	t.Run("deadline passed when the claim returns", func(t *testing.T) {
 		// As above, a deadline of a second leaves time for the write.
 		in := faultconn.New(faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: 2 * time.Second})
-		c := faultyClient(t, b, in, nil)
+		c := idemtest.Faulty(t, b, in, nil)
 		dctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		_, err := c.Do(dctx, "late", "fp", l.fn("ran-after-the-deadline"))
+		_, err := c.Do(dctx, "late", "fp", l.Fn("ran-after-the-deadline"))
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("got %v, want context.DeadlineExceeded", err)
 		}
@@ -143,21 +142,21 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 	// The lost reply said "busy": the claim was never ours, and giving it
 	// back must not release the owner's.
 	t.Run("busy reply lost", func(t *testing.T) {
-		owner := b.idem(t)
+		owner := b.Idem(t)
 		finish, done := startOwner(t, owner, "busy", &l)
 		in := faultconn.New(faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DropReply})
-		c := faultyClient(t, b, in, noRetry)
-		_, err := c.Do(ctx, "busy", "fp", l.fn("never"))
+		c := idemtest.Faulty(t, b, in, idemtest.NoRetry)
+		_, err := c.Do(ctx, "busy", "fp", l.Fn("never"))
 		if !errors.Is(err, io.EOF) {
 			t.Fatalf("got %v, want the claim's io.EOF", err)
 		}
-		faultWantStatus(t, b, "busy", idem.StateInProgress, 1)
+		idemtest.WantStatus(t, b, "busy", idem.StateInProgress, 1)
 		finish("owner's", nil)
 		if err := <-done; err != nil {
 			t.Fatalf("owner: %v (its claim was released by a caller that did not own it?)", err)
 		}
-		faultRuns(t, &l, "busy", "[1]")
-		faultReplay(t, b, "busy", "owner's", &l)
+		l.Want(t, "busy", "[1]")
+		idemtest.Replay(t, b, "busy", "owner's", &l)
 	})
 }
 
@@ -166,25 +165,25 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 // which write nothing, still work; and once memory is back, the keys carry
 // on where they were.
 func TestOutOfMemoryClaimFailsWhole(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	c := b.idem(t, idem.WithWait(0))
+	b := idemtest.Redis(t, redistest.Config{})
+	c := b.Idem(t, idem.WithWait(0))
 	ctx := context.Background()
-	var l ledger
-	if _, err := c.Do(ctx, "done", "fp", l.fn("ok")); err != nil {
+	var l idemtest.Runs
+	if _, err := c.Do(ctx, "done", "fp", l.Fn("ok")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Do(ctx, "released", "fp", func(ctx context.Context) ([]byte, error) {
-		l.add(ctx)
+		l.Add(ctx)
 		return nil, errors.New("transient")
 	}); err == nil {
 		t.Fatal("no error from a failing fn")
 	}
-	releasedBefore := fmt.Sprint(b.do(t, "GET", idem.RecordKey(c, "released")))
+	releasedBefore := fmt.Sprint(b.Do(t, "GET", idem.RecordKey(c, "released")))
 
 	// Fill the server up to a limit just above what it used.
-	used := faultInfo(t, b, "memory", "used_memory")
-	b.do(t, "CONFIG", "SET", "maxmemory", used+256<<10)
-	fill := b.client(t, noRetry)
+	used := idemtest.Info(t, b, "memory", "used_memory")
+	b.Do(t, "CONFIG", "SET", "maxmemory", used+256<<10)
+	fill := b.Client(t, idemtest.NoRetry)
 	for i := 0; ; i++ {
 		err := fill.Set(ctx, fmt.Sprint("filler-", i), strings.Repeat("x", 4<<10), 0).Err()
 		if err != nil && strings.HasPrefix(err.Error(), "OOM") {
@@ -196,31 +195,31 @@ func TestOutOfMemoryClaimFailsWhole(t *testing.T) {
 	}
 	// A full server hovers at its limit: a small write may still fit
 	// after a large one was refused. Pin the limit a little below use.
-	b.do(t, "CONFIG", "SET", "maxmemory", faultInfo(t, b, "memory", "used_memory")-64<<10)
+	b.Do(t, "CONFIG", "SET", "maxmemory", idemtest.Info(t, b, "memory", "used_memory")-64<<10)
 
 	for _, key := range []string{"new", "released"} {
-		_, err := c.Do(ctx, key, "fp", l.fn("oom"))
+		_, err := c.Do(ctx, key, "fp", l.Fn("oom"))
 		if err == nil || !strings.Contains(err.Error(), "OOM") || !strings.Contains(err.Error(), "claim") {
 			t.Fatalf("key %q: got %v, want the claim's OOM error", key, err)
 		}
 	}
-	if n := b.do(t, "EXISTS", idem.RecordKey(c, "new")); n != int64(0) {
+	if n := b.Do(t, "EXISTS", idem.RecordKey(c, "new")); n != int64(0) {
 		t.Fatal("a record was written for the refused claim")
 	}
-	if got := fmt.Sprint(b.do(t, "GET", idem.RecordKey(c, "released"))); got != releasedBefore {
+	if got := fmt.Sprint(b.Do(t, "GET", idem.RecordKey(c, "released"))); got != releasedBefore {
 		t.Fatalf("the released record changed under a refused claim:\n%s\nwas\n%s", got, releasedBefore)
 	}
-	if res, err := c.Do(ctx, "done", "fp", l.fn("again")); err != nil || string(res) != "ok#1" {
+	if res, err := c.Do(ctx, "done", "fp", l.Fn("again")); err != nil || string(res) != "ok#1" {
 		t.Fatalf("replay while out of memory: got %q, %v", res, err)
 	}
-	faultRuns(t, &l, "new", "[]")
-	faultRuns(t, &l, "released", "[1]")
+	l.Want(t, "new", "[]")
+	l.Want(t, "released", "[1]")
 
-	b.do(t, "CONFIG", "SET", "maxmemory", 0)
-	if res, err := c.Do(ctx, "new", "fp", l.fn("later")); err != nil || string(res) != "later#1" {
+	b.Do(t, "CONFIG", "SET", "maxmemory", 0)
+	if res, err := c.Do(ctx, "new", "fp", l.Fn("later")); err != nil || string(res) != "later#1" {
 		t.Fatalf("after memory is back: got %q, %v; want later#1", res, err)
 	}
-	if res, err := c.Do(ctx, "released", "fp", l.fn("later")); err != nil || string(res) != "later#2" {
+	if res, err := c.Do(ctx, "released", "fp", l.Fn("later")); err != nil || string(res) != "later#2" {
 		t.Fatalf("after memory is back: got %q, %v; want later#2", res, err)
 	}
 }
@@ -235,13 +234,13 @@ func TestSlowServer(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("BUSY", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{Extra: []string{"busy-reply-threshold 50"}})
-		c := b.idem(t, idem.WithWait(0))
-		var l ledger
-		if _, err := c.Do(ctx, "warm", "fp", l.fn("warm")); err != nil {
+		b := idemtest.Redis(t, redistest.Config{Extra: []string{"busy-reply-threshold 50"}})
+		c := b.Idem(t, idem.WithWait(0))
+		var l idemtest.Runs
+		if _, err := c.Do(ctx, "warm", "fp", l.Fn("warm")); err != nil {
 			t.Fatal(err)
 		}
-		loop := b.client(t, noRetry, func(o *redis.Options) { o.ReadTimeout = -1 })
+		loop := b.Client(t, idemtest.NoRetry, func(o *redis.Options) { o.ReadTimeout = -1 })
 		looped := make(chan error, 1)
 		go func() {
 			looped <- loop.Eval(context.Background(), "local i = 0 while true do i = i + 1 end", nil).Err()
@@ -249,18 +248,18 @@ func TestSlowServer(t *testing.T) {
 		var once sync.Once
 		kill := func() {
 			once.Do(func() {
-				b.do(t, "SCRIPT", "KILL")
+				b.Do(t, "SCRIPT", "KILL")
 				<-looped
 			})
 		}
 		defer kill()
-		probe := b.client(t, noRetry)
-		eventually(t, 5*time.Second, "BUSY replies", func() bool {
+		probe := b.Client(t, idemtest.NoRetry)
+		idemtest.Eventually(t, 5*time.Second, "BUSY replies", func() bool {
 			err := probe.Ping(ctx).Err()
 			return err != nil && strings.HasPrefix(err.Error(), "BUSY")
 		})
 
-		_, err := c.Do(ctx, "k", "fp", l.fn("never"))
+		_, err := c.Do(ctx, "k", "fp", l.Fn("never"))
 		if err == nil || !strings.Contains(err.Error(), "BUSY") {
 			t.Fatalf("got %v, want the claim's BUSY error", err)
 		}
@@ -268,34 +267,34 @@ func TestSlowServer(t *testing.T) {
 			t.Fatal("Status while BUSY: no error (an absent record?)")
 		}
 		kill()
-		faultRuns(t, &l, "k", "[]")
-		faultWantStatus(t, b, "k", idem.StateAbsent, 0) // BUSY: the claim did not run
-		if res, err := c.Do(ctx, "k", "fp", l.fn("ok")); err != nil || string(res) != "ok#1" {
+		l.Want(t, "k", "[]")
+		idemtest.WantStatus(t, b, "k", idem.StateAbsent, 0) // BUSY: the claim did not run
+		if res, err := c.Do(ctx, "k", "fp", l.Fn("ok")); err != nil || string(res) != "ok#1" {
 			t.Fatalf("after the script: got %q, %v", res, err)
 		}
 	})
 
 	t.Run("DEBUG SLEEP", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{})
+		b := idemtest.Redis(t, redistest.Config{})
 		const lease = 300 * time.Millisecond
-		rdb := b.client(t, noRetry, func(o *redis.Options) { o.ReadTimeout = 100 * time.Millisecond })
+		rdb := b.Client(t, idemtest.NoRetry, func(o *redis.Options) { o.ReadTimeout = 100 * time.Millisecond })
 		c := idem.New(rdb, idem.WithLease(lease), idem.WithWait(0))
 		t.Cleanup(func() { _ = c.Close() })
-		var l ledger
-		if _, err := c.Do(ctx, "warm", "fp", l.fn("warm")); err != nil {
+		var l idemtest.Runs
+		if _, err := c.Do(ctx, "warm", "fp", l.Fn("warm")); err != nil {
 			t.Fatal(err)
 		}
-		sleeper := b.client(t, noRetry, func(o *redis.Options) { o.ReadTimeout = 10 * time.Second })
+		sleeper := b.Client(t, idemtest.NoRetry, func(o *redis.Options) { o.ReadTimeout = 10 * time.Second })
 		if err := sleeper.Ping(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
 		slept := make(chan error, 1)
 		go func() { slept <- sleeper.Do(context.Background(), "DEBUG", "SLEEP", "1").Err() }()
-		probe := b.client(t, noRetry, func(o *redis.Options) { o.ReadTimeout = 20 * time.Millisecond })
-		eventually(t, 5*time.Second, "the server's sleep", func() bool { return probe.Ping(ctx).Err() != nil })
+		probe := b.Client(t, idemtest.NoRetry, func(o *redis.Options) { o.ReadTimeout = 20 * time.Millisecond })
+		idemtest.Eventually(t, 5*time.Second, "the server's sleep", func() bool { return probe.Ping(ctx).Err() != nil })
 
 		t0 := time.Now()
-		_, err := c.Do(ctx, "k", "fp", l.fn("never"))
+		_, err := c.Do(ctx, "k", "fp", l.Fn("never"))
 		d := time.Since(t0)
 		if err == nil || !strings.Contains(err.Error(), "claim") {
 			t.Fatalf("got %v, want the claim's timeout", err)
@@ -306,8 +305,8 @@ func TestSlowServer(t *testing.T) {
 		if d > 700*time.Millisecond {
 			t.Fatalf("Do took %v: it did not decide while the server slept", d)
 		}
-		faultRuns(t, &l, "k", "[]")
-		st := faultStatus(t, b, "k")
+		l.Want(t, "k", "[]")
+		st := idemtest.Status(t, b, "k")
 		t.Logf("after the sleep, the unknown claim left the key %v (attempt %d)", st.State, st.Attempt)
 		want := "ok#1"
 		switch {
@@ -317,11 +316,11 @@ func TestSlowServer(t *testing.T) {
 		default:
 			t.Fatalf("state %v attempt %d after an unknown claim", st.State, st.Attempt)
 		}
-		res, err := b.idem(t, idem.WithLease(lease), idem.WithWait(5*lease)).Do(ctx, "k", "fp", l.fn("ok"))
+		res, err := b.Idem(t, idem.WithLease(lease), idem.WithWait(5*lease)).Do(ctx, "k", "fp", l.Fn("ok"))
 		if err != nil || string(res) != want {
 			t.Fatalf("the next call: got %q, %v; want %s", res, err, want)
 		}
-		if n := l.count("k"); n != 1 {
+		if n := l.Count("k"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 	})

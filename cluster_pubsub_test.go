@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"go.uber.org/goleak"
 )
@@ -92,7 +93,7 @@ func TestClusterPubSubKilledWhileWaiting(t *testing.T) {
 		t.Fatalf("keys on %d masters, want 3", len(perNode))
 	}
 
-	var l ledger
+	var l idemtest.Runs
 	for _, w := range all {
 		if w.lost {
 			w.finish, w.done = startOwner(t, silent, w.key, &l)
@@ -102,8 +103,8 @@ func TestClusterPubSubKilledWhileWaiting(t *testing.T) {
 		w.out = waitFor(waiter, w.key, &l)
 	}
 	pick := func(w *waiting) (*redistest.Server, string) { return w.srv, w.ch }
-	eventually(t, 10*time.Second, "the waiters' subscriptions", func() bool { return idem.Subscribed(waiter) == len(all) })
-	eventually(t, 10*time.Second, "every channel subscribed on its master", func() bool { return countSubscribed(t, all, pick) == len(all) })
+	idemtest.Eventually(t, 10*time.Second, "the waiters' subscriptions", func() bool { return idem.Subscribed(waiter) == len(all) })
+	idemtest.Eventually(t, 10*time.Second, "every channel subscribed on its master", func() bool { return countSubscribed(t, all, pick) == len(all) })
 	time.Sleep(20 * time.Millisecond) // the re-claims after the confirmations
 
 	// The silent owners finish; their waiters, not notified, wait on.
@@ -140,7 +141,7 @@ func TestClusterPubSubKilledWhileWaiting(t *testing.T) {
 	}
 
 	// The hub reconnects to every master.
-	eventually(t, 10*time.Second, "the hub's reconnection to every master", func() bool {
+	idemtest.Eventually(t, 10*time.Second, "the hub's reconnection to every master", func() bool {
 		for srv := range perNode {
 			if subscriberClients(t, srv) != 1 {
 				return false
@@ -190,13 +191,13 @@ func TestClusterPubSubKilledWhileWaiting(t *testing.T) {
 			}
 			t.Errorf("waiter of %s returned %v after %s: not woken by pub/sub (it claims again only when woken or when its wait budget of %v ends)", w.key, d, what, budget)
 		}
-		if n := l.count(w.key); n != 1 {
+		if n := l.Count(w.key); n != 1 {
 			t.Errorf("key %s: fn ran %d times, want 1", w.key, n)
 		}
 	}
 	t.Logf("%d waiters over %d slots on 3 masters: the slowest of those whose owner finished unheard returned %v after the kill; of the others, %v after its owner finished",
 		len(all), len(slots), slowest[0], slowest[1])
-	eventually(t, 5*time.Second, "the unsubscribes", func() bool { return idem.Subscribed(waiter) == 0 })
+	idemtest.Eventually(t, 5*time.Second, "the unsubscribes", func() bool { return idem.Subscribed(waiter) == 0 })
 }
 
 // countSubscribed returns how many of items have their channel subscribed

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -29,7 +30,7 @@ func TestClusterManySlotsWaitersAndFailover(t *testing.T) {
 	}
 	c, cc := newClient(idem.WithReplicas(1, 2*time.Second))
 	ctx := context.Background()
-	var l ledger
+	var l idemtest.Runs
 
 	// Keys over many slots, braces included: record and channel share a slot.
 	keys := []string{"{", "}", "}x", "a{b}c", "\x00\xff"}
@@ -39,7 +40,7 @@ func TestClusterManySlotsWaitersAndFailover(t *testing.T) {
 	results := map[string]string{}
 	slots := map[int64]bool{}
 	for _, k := range keys {
-		res, err := c.Do(ctx, k, "fp", l.fn("r-"+k))
+		res, err := c.Do(ctx, k, "fp", l.Fn("r-"+k))
 		if err != nil {
 			t.Fatalf("key %q: %v", k, err)
 		}
@@ -64,7 +65,7 @@ func TestClusterManySlotsWaitersAndFailover(t *testing.T) {
 		finish, done := startOwner(t, c, key, &l)
 		out := waitFor(waiter, key, &l)
 		wg.Go(func() {
-			eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) > 0 })
+			idemtest.Eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) > 0 })
 			time.Sleep(50 * time.Millisecond)
 			finish("owner-"+key, nil)
 			if err := <-done; err != nil {
@@ -86,7 +87,7 @@ func TestClusterManySlotsWaitersAndFailover(t *testing.T) {
 		var res []byte
 		var err error
 		for try := 0; try < 50; try++ { // the client learns the new topology
-			res, err = after.Do(ctx, k, "fp", l.fn("again"))
+			res, err = after.Do(ctx, k, "fp", l.Fn("again"))
 			if err == nil {
 				break
 			}
@@ -95,7 +96,7 @@ func TestClusterManySlotsWaitersAndFailover(t *testing.T) {
 		if err != nil || string(res) != results[k] {
 			t.Fatalf("key %q after failover: got %q, %v; want %q", k, res, err, results[k])
 		}
-		if n := l.count(k); n != 1 {
+		if n := l.Count(k); n != 1 {
 			t.Fatalf("key %q: fn ran %d times", k, n)
 		}
 	}
@@ -104,18 +105,18 @@ func TestClusterManySlotsWaitersAndFailover(t *testing.T) {
 func TestReplicaWait(t *testing.T) {
 	primary := redistest.Start(t, redistest.Config{})
 	replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + portOf(primary.Addr())}})
-	b := &backend{name: "redis", addr: primary.Addr(), srv: primary}
-	eventually(t, 10*time.Second, "the replica's sync", func() bool {
+	b := idemtest.OnServer(primary)
+	idemtest.Eventually(t, 10*time.Second, "the replica's sync", func() bool {
 		info := fmt.Sprint(replica.Do(t, "INFO", "replication"))
 		return strings.Contains(info, "master_link_status:up")
 	})
 	ctx := context.Background()
-	var l ledger
+	var l idemtest.Runs
 	// A replica's acknowledgement can take seconds on a loaded machine;
 	// WAIT's timeout stays under the read timeout, which bounds it.
-	c := idem.New(b.client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second }), idem.WithReplicas(1, 10*time.Second))
+	c := idem.New(b.Client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second }), idem.WithReplicas(1, 10*time.Second))
 	t.Cleanup(func() { _ = c.Close() })
-	res, err := c.Do(ctx, "k", "fp", l.fn("ok"))
+	res, err := c.Do(ctx, "k", "fp", l.Fn("ok"))
 	if err != nil || string(res) != "ok#1" {
 		t.Fatalf("with a replica: got %q, %v", res, err)
 	}
@@ -125,12 +126,12 @@ func TestReplicaWait(t *testing.T) {
 	}
 
 	// Two replicas asked, one present: the claim is given back, fn not run.
-	c2 := b.idem(t, idem.WithReplicas(2, 100*time.Millisecond))
-	_, err = c2.Do(ctx, "k2", "fp", l.fn("never"))
+	c2 := b.Idem(t, idem.WithReplicas(2, 100*time.Millisecond))
+	_, err = c2.Do(ctx, "k2", "fp", l.Fn("never"))
 	if !errors.Is(err, idem.ErrNotReplicated) {
 		t.Fatalf("too few replicas: got %v, want ErrNotReplicated", err)
 	}
-	if n := l.count("k2"); n != 0 {
+	if n := l.Count("k2"); n != 0 {
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
 	if st, _ := c.Status(ctx, "k2"); st.State != idem.StateReleased {

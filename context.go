@@ -1,6 +1,5 @@
 // context.go: the contexts of a call: fn's (with its Attempt) and the
-// detached ones that bound recording and releasing; and the count of the
-// work that outlives its call, which Close waits for.
+// detached ones that bound recording and releasing.
 
 package idem
 
@@ -72,7 +71,7 @@ func (c *detachedCtx) Value(key any) any {
 
 // attemptCtx is the context of fn: cancelled when the lease is lost (the
 // embedded Context, from context.WithCancelCause), carrying the Attempt.
-// It also ends at the owner's lease deadline (see lease): Err looks at the
+// It also ends at the owner's lease deadline (see own): Err looks at the
 // clock, so an fn that checks its context never acts past the deadline,
 // even before the renewer's timer has closed Done.
 type attemptCtx struct {
@@ -80,6 +79,7 @@ type attemptCtx struct {
 	a       Attempt
 	cancel  context.CancelCauseFunc
 	pending *Pending // the call's hold for a ledger's commit helper; nil without a ledger
+	call    *call    // the call that owns the key
 	// deadline is the owner's lease deadline, in monotonic nanoseconds
 	// (mono); renewals move it later.
 	deadline atomic.Int64
@@ -125,45 +125,3 @@ var monoBase = time.Now()
 
 // mono returns the monotonic clock's time, in nanoseconds since monoBase.
 func mono() int64 { return int64(time.Since(monoBase)) }
-
-// background counts the work that outlives its call (releases of claims
-// whose callers gave up, renewal calls still under way), so that Close can
-// wait for it. Unlike a sync.WaitGroup, it may be added to while Close
-// waits, as calls still running may do.
-type background struct {
-	mu   sync.Mutex
-	n    int           // guarded by mu; work under way
-	idle chan struct{} // guarded by mu; closed when n falls to 0, if Wait waits
-}
-
-// Add notes one more piece of work under way.
-func (b *background) Add() {
-	b.mu.Lock()
-	b.n++
-	b.mu.Unlock()
-}
-
-// Done notes the end of one piece of work.
-func (b *background) Done() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.n--; b.n == 0 && b.idle != nil {
-		close(b.idle)
-		b.idle = nil
-	}
-}
-
-// Wait returns once no work is under way.
-func (b *background) Wait() {
-	b.mu.Lock()
-	if b.n == 0 {
-		b.mu.Unlock()
-		return
-	}
-	if b.idle == nil {
-		b.idle = make(chan struct{})
-	}
-	idle := b.idle
-	b.mu.Unlock()
-	<-idle
-}

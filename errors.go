@@ -198,7 +198,7 @@ type StoredError struct {
 	// Message is the text of the original error.
 	Message string
 	// Code is the original error's code (see Code), or "" when it had
-	// none. Records written by versions without codes replay with none.
+	// none.
 	Code string
 }
 

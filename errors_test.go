@@ -14,6 +14,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -40,8 +41,8 @@ func failedRecord(payload string) string {
 }
 
 func TestReplayedErrorIdentity(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
 		for _, tc := range []struct {
 			name     string
@@ -120,12 +121,12 @@ func TestReplayedErrorIdentity(t *testing.T) {
 }
 
 func TestReplayedTooLargeMatches(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithMaxResultSize(1024))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithMaxResultSize(1024))
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 		big := func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
+			l.Add(ctx)
 			return make([]byte, 2048), nil
 		}
 		for i := range 3 {
@@ -134,7 +135,7 @@ func TestReplayedTooLargeMatches(t *testing.T) {
 				t.Fatalf("call %d: got %v (code %q), want ErrTooLarge", i, err, idem.Code(err))
 			}
 		}
-		if n := l.count("k"); n != 1 {
+		if n := l.Count("k"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 	})
@@ -144,17 +145,17 @@ func TestReplayedTooLargeMatches(t *testing.T) {
 // of another key returns a permanent error (IsPermanent says so), so Do
 // stores it rather than run fn at every retry.
 func TestNestedStoredErrorIsStored(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
 		if _, err := c.Do(ctx, "inner", "", func(context.Context) ([]byte, error) {
 			return nil, idem.Permanent(fmt.Errorf("inner: %w", errCardDeclined))
 		}); err == nil {
 			t.Fatal("inner: no error")
 		}
-		var l ledger
+		var l idemtest.Runs
 		outer := func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
+			l.Add(ctx)
 			return c.Do(ctx, "inner", "", func(context.Context) ([]byte, error) {
 				t.Error("inner fn ran again")
 				return nil, nil
@@ -167,7 +168,7 @@ func TestNestedStoredErrorIsStored(t *testing.T) {
 				t.Fatalf("call %d: got %v, want the inner failure", i, err)
 			}
 		}
-		if got := l.runs("outer"); len(got) != 1 {
+		if got := l.Of("outer"); len(got) != 1 {
 			t.Fatalf("outer fn ran as attempts %v, want once", got)
 		}
 		if st, err := c.Status(ctx, "outer"); err != nil || st.State != idem.StateFailed {
@@ -180,8 +181,8 @@ func TestNestedStoredErrorIsStored(t *testing.T) {
 // WithMaxResultSize like a result; fn has acted, so it is cut with a note,
 // never refused, and the owner still gets the whole error.
 func TestLongMessageCut(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithMaxResultSize(1024))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithMaxResultSize(1024))
 		ctx := context.Background()
 		// 4 MiB of text with multi-byte characters, so that the cut must
 		// find a character's start.
@@ -195,7 +196,7 @@ func TestLongMessageCut(t *testing.T) {
 		if _, err := c.Do(ctx, "long", "", fn); err != perm {
 			t.Fatalf("owner: got an error of %d bytes, want fn's own", len(err.Error()))
 		}
-		if n := b.do(t, "STRLEN", idem.RecordKey(c, "long")).(int64); n > 1024+64 {
+		if n := b.Do(t, "STRLEN", idem.RecordKey(c, "long")).(int64); n > 1024+64 {
 			t.Fatalf("the record takes %d bytes, want at most the limit and a header", n)
 		}
 		_, err := c.Do(ctx, "long", "", fn)
@@ -211,7 +212,7 @@ func TestLongMessageCut(t *testing.T) {
 			t.Fatalf("fn ran %d times, want 1", runs)
 		}
 		// Under a tiny limit, a failure still keeps a readable message.
-		tiny := b.idem(t, idem.WithMaxResultSize(1))
+		tiny := b.Idem(t, idem.WithMaxResultSize(1))
 		_, _ = tiny.Do(ctx, "tiny", "", fn)
 		_, err = tiny.Do(ctx, "tiny", "", fn)
 		if !errors.As(err, &se) || !strings.HasPrefix(se.Message, "declined: é") || len(se.Message) > 256 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -41,7 +42,7 @@ func TestLogsNeverNameTheKey(t *testing.T) {
 		}
 		_, err := c.Do(ctx, key, "b", ok)
 		returned = append(returned, err)
-		if err := rdb.Set(ctx, idem.RecordKey(c, key+"-busy"), inProgress("other-owner", 1, 24*time.Hour, time.Hour), 24*time.Hour).Err(); err != nil {
+		if err := rdb.Set(ctx, idem.RecordKey(c, key+"-busy"), idemtest.InProgress("other-owner", 1, 24*time.Hour, time.Hour), 24*time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 		_, err = c.Do(ctx, key+"-busy", "", ok)

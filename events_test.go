@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/benchrun"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -52,10 +54,10 @@ func kinds(ev []idem.Event) string {
 var testSecret = []byte("0123456789abcdef-event-secret")
 
 // observed returns a Client on b whose events go to a new recorder.
-func observed(t *testing.T, b *backend, opts ...idem.Option) (*idem.Client, *recorder) {
+func observed(t *testing.T, b *idemtest.Backend, opts ...idem.Option) (*idem.Client, *recorder) {
 	t.Helper()
 	r := &recorder{}
-	c := b.idem(t, append([]idem.Option{idem.WithObserver(r), idem.WithEventKeySecret(testSecret)}, opts...)...)
+	c := b.Idem(t, append([]idem.Option{idem.WithObserver(r), idem.WithEventKeySecret(testSecret)}, opts...)...)
 	return c, r
 }
 
@@ -68,12 +70,11 @@ func mustKinds(t *testing.T, ev []idem.Event, want string) {
 }
 
 func TestEventExecutedAndReplayed(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b)
 	ctx := context.Background()
-	var l ledger
-	var info idem.CallInfo
-	if _, err := c.Do(idem.WithCallInfo(ctx, &info), "order-1", "fp", l.fn("ok")); err != nil {
+	var l idemtest.Runs
+	if _, err := c.Do(ctx, "order-1", "fp", l.Fn("ok")); err != nil {
 		t.Fatal(err)
 	}
 	ev := r.take()
@@ -85,12 +86,11 @@ func TestEventExecutedAndReplayed(t *testing.T) {
 	if want := idem.EventKeyDigest(testSecret, "order-1"); e.Key != want || len(e.Key) != 32 || e.RawKey != "" {
 		t.Fatalf("key %q, raw %q; want the digest %q and no raw key", e.Key, e.RawKey, want)
 	}
-	if !info.Ran() || info.Replayed() || info.Outcome != idem.EventExecuted || info.Attempt != 1 {
-		t.Fatalf("CallInfo of the first call: %+v", info)
+	if !e.Kind.Ran() || !e.Kind.Outcome() {
+		t.Fatalf("executed is not an outcome that ran fn")
 	}
 
-	info = idem.CallInfo{}
-	if _, err := c.Do(idem.WithCallInfo(ctx, &info), "order-1", "fp", l.fn("again")); err != nil {
+	if _, err := c.Do(ctx, "order-1", "fp", l.Fn("again")); err != nil {
 		t.Fatal(err)
 	}
 	ev = r.take()
@@ -98,45 +98,44 @@ func TestEventExecutedAndReplayed(t *testing.T) {
 	if ev[0].Err != nil || ev[0].Owned != 0 || ev[0].Key != e.Key {
 		t.Fatalf("replayed: %+v", ev[0])
 	}
-	if info.Ran() || !info.Replayed() {
-		t.Fatalf("CallInfo of the replay: %+v", info)
+	if ev[0].Kind.Ran() {
+		t.Fatalf("a replay ran fn")
 	}
-	if n := l.count("order-1"); n != 1 {
+	if n := l.Count("order-1"); n != 1 {
 		t.Fatalf("fn ran %d times", n)
 	}
 }
 
-// A CallInfo needs no observer, and calls inside fn do not fill it in.
-func TestCallInfoWithoutObserver(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	c := b.idem(t)
+// Each call reports its own events: the calls made inside fn do not
+// change the outer call's (its outcome stays executed although the last
+// inner call was a replay), and a call with a nil fn reports an error.
+func TestEventsOfCallsInsideFn(t *testing.T) {
+	b := idemtest.Redis(t, redistest.Config{})
+	c, r := observed(t, b)
 	ctx := context.Background()
-	var outer idem.CallInfo
-	_, err := c.Do(idem.WithCallInfo(ctx, &outer), "outer", "", func(ctx context.Context) ([]byte, error) {
+	_, err := c.Do(ctx, "outer", "", func(ctx context.Context) ([]byte, error) {
 		if _, err := c.Do(ctx, "inner", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 			return nil, err
 		}
-		// The inner key is done: a replay inside fn must not mark the
-		// outer call as replayed.
 		return c.Do(ctx, "inner", "", func(context.Context) ([]byte, error) { return nil, nil })
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if outer.Outcome != idem.EventExecuted || !outer.Ran() {
-		t.Fatalf("outer CallInfo: %+v", outer)
+	ev := r.take()
+	mustKinds(t, ev, "executed,replayed,executed")
+	inner, outer := idem.EventKeyDigest(testSecret, "inner"), idem.EventKeyDigest(testSecret, "outer")
+	if ev[0].Key != inner || ev[1].Key != inner || ev[2].Key != outer || ev[2].Attempt != 1 {
+		t.Fatalf("events %+v: want inner's executed and replayed, then outer's executed", ev)
 	}
-	var again idem.CallInfo
-	if _, err := c.Do(idem.WithCallInfo(ctx, &again), "outer", "", nil); err == nil {
+	if _, err := c.Do(ctx, "outer", "", nil); err == nil {
 		t.Fatal("a nil fn was accepted")
 	}
-	if again.Outcome != idem.EventError {
-		t.Fatalf("nil fn: CallInfo %+v, want an error outcome", again)
-	}
+	mustKinds(t, r.take(), "error")
 }
 
 func TestEventRawKeys(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b, idem.WithRawEventKeys(true))
 	if _, err := c.Do(context.Background(), "k\x00{}", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 		t.Fatal(err)
@@ -148,15 +147,15 @@ func TestEventRawKeys(t *testing.T) {
 }
 
 func TestEventConflict(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b)
 	ctx := context.Background()
-	var l ledger
-	if _, err := c.Do(ctx, "k", "amount=1", l.fn("ok")); err != nil {
+	var l idemtest.Runs
+	if _, err := c.Do(ctx, "k", "amount=1", l.Fn("ok")); err != nil {
 		t.Fatal(err)
 	}
 	r.take()
-	_, err := c.Do(ctx, "k", "amount=2", l.fn("other"))
+	_, err := c.Do(ctx, "k", "amount=2", l.Fn("other"))
 	ev := r.take()
 	mustKinds(t, ev, "conflict")
 	if !errors.Is(err, idem.ErrConflict) || !errors.Is(ev[0].Err, idem.ErrConflict) {
@@ -167,17 +166,17 @@ func TestEventConflict(t *testing.T) {
 // A waiter in another Client waits for the owner, then replays its result;
 // one that runs out of wait gets ErrInProgress.
 func TestEventWaitedAndInProgress(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	owner := b.idem(t)
+	b := idemtest.Redis(t, redistest.Config{})
+	owner := b.Idem(t)
 	waiter, r := observed(t, b, idem.WithWait(wakeBudget))
-	var l ledger
+	var l idemtest.Runs
 	finish, done := startOwner(t, owner, "k", &l)
 
 	// The budget counts from the call's start: with 100ms, a claim slowed
 	// by a loaded machine left no time to wait (TestSuiteBesideBusyGoroutines).
 	const budget = time.Second
 	short, rs := observed(t, b, idem.WithWait(budget))
-	_, err := short.Do(context.Background(), "k", "fp", l.fn("never"))
+	_, err := short.Do(context.Background(), "k", "fp", l.Fn("never"))
 	ev := rs.take()
 	mustKinds(t, ev, "waited,in_progress")
 	if !errors.Is(err, idem.ErrInProgress) || !errors.Is(ev[1].Err, idem.ErrInProgress) {
@@ -208,17 +207,16 @@ func TestEventWaitedAndInProgress(t *testing.T) {
 // A duplicate in the same process waits for the leader's call and shares
 // its result: for it, a wait and a replay.
 func TestEventInProcessDuplicate(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b)
-	var l ledger
+	var l idemtest.Runs
 	finish, done := startOwner(t, c, "k", &l)
-	var info idem.CallInfo
 	out := make(chan error, 1)
 	go func() {
-		_, err := c.Do(idem.WithCallInfo(context.Background(), &info), "k", "fp", l.fn("never"))
+		_, err := c.Do(context.Background(), "k", "fp", l.Fn("never"))
 		out <- err
 	}()
-	eventually(t, 10*time.Second, "the duplicate to join the flight", func() bool { return idem.HasFollower(c, "k") })
+	idemtest.Eventually(t, 10*time.Second, "the duplicate to join the flight", func() bool { return idem.HasFollower(c, "k") })
 	time.Sleep(5 * time.Millisecond) // some wait to measure
 	finish("ok", nil)
 	if err := <-done; err != nil {
@@ -237,20 +235,22 @@ func TestEventInProcessDuplicate(t *testing.T) {
 	if s := strings.Join(got, ","); s != "executed,waited,replayed" && s != "waited,replayed,executed" && s != "waited,executed,replayed" {
 		t.Fatalf("events %s", s)
 	}
-	if !info.Replayed() || info.Wait <= 0 {
-		t.Fatalf("duplicate's CallInfo %+v", info)
+	for _, e := range ev {
+		if e.Kind == idem.EventReplayed && e.Wait <= 0 {
+			t.Fatalf("the duplicate's replay waited %v, want its wait", e.Wait)
+		}
 	}
 }
 
 // The owner of attempt 1 is gone (its lease ended): the next call takes
 // over as attempt 2.
 func TestEventTookOver(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b)
 	ttl := 24 * time.Hour
-	b.do(t, "SET", idem.RecordKey(c, "k"), inProgress("gone-owner", 1, ttl, 0), "PX", ttl.Milliseconds())
-	var l ledger
-	if _, err := c.Do(context.Background(), "k", "", l.fn("ok")); err != nil {
+	b.Do(t, "SET", idem.RecordKey(c, "k"), idemtest.InProgress("gone-owner", 1, ttl, 0), "PX", ttl.Milliseconds())
+	var l idemtest.Runs
+	if _, err := c.Do(context.Background(), "k", "", l.Fn("ok")); err != nil {
 		t.Fatal(err)
 	}
 	ev := r.take()
@@ -265,14 +265,14 @@ func TestEventTookOver(t *testing.T) {
 // gives up when its context ends (the renewal found the newer owner), the
 // outcome is lease_lost.
 func TestEventLeaseLost(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	ttl := 24 * time.Hour
-	newer := inProgress("newer-owner", 2, ttl, time.Hour)
+	newer := idemtest.InProgress("newer-owner", 2, ttl, time.Hour)
 
 	t.Run("completion refused", func(t *testing.T) {
 		c, r := observed(t, b)
 		_, err := c.Do(context.Background(), "k1", "", func(ctx context.Context) ([]byte, error) {
-			b.do(t, "SET", idem.RecordKey(c, "k1"), newer, "PX", ttl.Milliseconds())
+			b.Do(t, "SET", idem.RecordKey(c, "k1"), newer, "PX", ttl.Milliseconds())
 			return []byte("late"), nil
 		})
 		ev := r.take()
@@ -285,7 +285,7 @@ func TestEventLeaseLost(t *testing.T) {
 	t.Run("renewal finds a newer owner", func(t *testing.T) {
 		c, r := observed(t, b, idem.WithLease(300*time.Millisecond), idem.WithRetention(time.Hour))
 		_, err := c.Do(context.Background(), "k2", "", func(ctx context.Context) ([]byte, error) {
-			b.do(t, "SET", idem.RecordKey(c, "k2"), newer, "PX", ttl.Milliseconds())
+			b.Do(t, "SET", idem.RecordKey(c, "k2"), newer, "PX", ttl.Milliseconds())
 			<-ctx.Done() // the renewal, a third of a lease on, cancels it
 			return nil, context.Cause(ctx)
 		})
@@ -298,7 +298,7 @@ func TestEventLeaseLost(t *testing.T) {
 }
 
 func TestEventReleasedAndFailed(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b, idem.WithMaxResultSize(10))
 	ctx := context.Background()
 	boom := errors.New("downstream said no")
@@ -311,19 +311,18 @@ func TestEventReleasedAndFailed(t *testing.T) {
 	}
 
 	// A panic is released too; the event says the call did not return.
-	var info idem.CallInfo
 	func() {
 		defer func() {
 			if recover() == nil {
 				t.Fatal("the panic did not reach the caller")
 			}
 		}()
-		_, _ = c.Do(idem.WithCallInfo(ctx, &info), "k", "", func(context.Context) ([]byte, error) { panic("fn broke") })
+		_, _ = c.Do(ctx, "k", "", func(context.Context) ([]byte, error) { panic("fn broke") })
 	}()
 	ev = r.take()
 	mustKinds(t, ev, "took_over,released")
-	if ev[1].Attempt != 2 || ev[1].Err == nil || !strings.Contains(ev[1].Err.Error(), "panicked") || info.Outcome != idem.EventReleased {
-		t.Fatalf("panic: events %+v, CallInfo %+v", ev, info)
+	if ev[1].Attempt != 2 || ev[1].Err == nil || !strings.Contains(ev[1].Err.Error(), "panicked") {
+		t.Fatalf("panic: events %+v", ev)
 	}
 
 	_, err = c.Do(ctx, "p", "", func(context.Context) ([]byte, error) { return nil, idem.Permanent(boom) })
@@ -351,13 +350,12 @@ func TestEventReleasedAndFailed(t *testing.T) {
 // Every completion is cut off before it reaches Redis: fn ran, and its
 // outcome is not recorded.
 func TestEventNotRecorded(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
-	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "complete"), Action: faultconn.CloseBefore})
+	b := idemtest.FaultRedis(t, redistest.Config{})
+	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "complete"), Action: faultconn.CloseBefore})
 	r := &recorder{}
-	c := faultyClient(t, b, in, nil, idem.WithObserver(r), idem.WithStoreTimeout(200*time.Millisecond))
-	var l ledger
-	_, err := c.Do(context.Background(), "k", "fp", l.fn("ok"))
+	c := idemtest.Faulty(t, b, in, nil, idem.WithObserver(r), idem.WithStoreTimeout(200*time.Millisecond))
+	var l idemtest.Runs
+	_, err := c.Do(context.Background(), "k", "fp", l.Fn("ok"))
 	ev := r.take()
 	mustKinds(t, ev, "not_recorded")
 	if !errors.Is(err, idem.ErrNotRecorded) || !errors.Is(ev[0].Err, idem.ErrNotRecorded) || ev[0].Attempt != 1 {
@@ -379,18 +377,18 @@ func TestEventError(t *testing.T) {
 		r := &recorder{}
 		c := idem.New(rdb, idem.WithObserver(r), idem.WithLogger(nil))
 		defer c.Close()
-		var led ledger
-		_, err = c.Do(ctx, "k", "", led.fn("never"))
+		var led idemtest.Runs
+		_, err = c.Do(ctx, "k", "", led.Fn("never"))
 		ev := r.take()
 		mustKinds(t, ev, "error")
-		if err == nil || !errors.Is(ev[0].Err, err) || strings.Contains(ev[0].Err.Error(), `"k"`) || led.count("k") != 0 {
+		if err == nil || !errors.Is(ev[0].Err, err) || strings.Contains(ev[0].Err.Error(), `"k"`) || led.Count("k") != 0 {
 			t.Fatalf("Do: %v; event %+v", err, ev[0])
 		}
 	})
 	t.Run("corrupt record and bad key", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{})
+		b := idemtest.Redis(t, redistest.Config{})
 		c, r := observed(t, b)
-		b.do(t, "SET", idem.RecordKey(c, "k"), "garbage")
+		b.Do(t, "SET", idem.RecordKey(c, "k"), "garbage")
 		_, err := c.Do(ctx, "k", "", func(context.Context) ([]byte, error) { return nil, nil })
 		ev := r.take()
 		mustKinds(t, ev, "error")
@@ -428,9 +426,9 @@ func (s *starter) Observe(ctx context.Context, e idem.Event) {
 }
 
 func TestCallStarter(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	s := &starter{}
-	c := b.idem(t, idem.WithObserver(s))
+	c := b.Idem(t, idem.WithObserver(s))
 	var inFn any
 	_, err := c.Do(context.Background(), "k", "", func(ctx context.Context) ([]byte, error) {
 		inFn = ctx.Value(spanKey{})
@@ -461,18 +459,17 @@ func TestEventKindNames(t *testing.T) {
 }
 
 // BenchmarkReplayObserved is BenchmarkReplay/100B/idem with an observer
-// that does nothing, and with a CallInfo: what taking notes costs a call.
+// that does nothing: what taking notes costs a call.
 func BenchmarkReplayObserved(b *testing.B) {
 	srv := benchRedis(b)
 	ctx := context.Background()
-	fn := benchResultFn(benchPayload(100))
+	fn := benchResultFn(benchrun.Payload(100))
 	for _, tc := range []struct {
 		name string
 		opts []idem.Option
 		ctx  func() context.Context
 	}{
-		{"observer", []idem.Option{idem.WithObserver(idem.ObserverFunc(func(context.Context, idem.Event) {}))}, func() context.Context { return ctx }},
-		{"callinfo", nil, func() context.Context { return idem.WithCallInfo(ctx, new(idem.CallInfo)) }},
+		{"observer", []idem.Option{idem.WithObserver(observerFunc(func(context.Context, idem.Event) {}))}, func() context.Context { return ctx }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			c := benchIdem(b, srv.addr, tc.opts...)
@@ -490,12 +487,12 @@ func BenchmarkReplayObserved(b *testing.B) {
 }
 
 func TestLogObserver(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	var buf syncBuffer
 	l := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c := b.idem(t, idem.WithObserver(idem.LogObserver(l)))
+	c := b.Idem(t, idem.WithObserver(idem.LogObserver(l)))
 	ttl := 24 * time.Hour
-	b.do(t, "SET", idem.RecordKey(c, "secret-order-77"), inProgress("gone-owner", 1, ttl, 0), "PX", ttl.Milliseconds())
+	b.Do(t, "SET", idem.RecordKey(c, "secret-order-77"), idemtest.InProgress("gone-owner", 1, ttl, 0), "PX", ttl.Milliseconds())
 	if _, err := c.Do(context.Background(), "secret-order-77", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,16 @@
 package idem
 
-import "time"
+import (
+	"time"
+
+	"github.com/idem-go/idem/internal/pipeline"
+)
 
 // Test-only access to internals, for the tests in package idem_test.
 
 // SetBeforeSubscribe installs a hook that runs between a waiter's claim and
 // its subscribe, where a missed notification would hide.
-func SetBeforeSubscribe(c *Client, hook func(channel string)) { c.hub.beforeSubscribe = hook }
+func SetBeforeSubscribe(c *Client, hook func(channel string)) { c.hub.BeforeSubscribe(hook) }
 
 // LosePublishes makes c's scripts publish nothing, as if every notification
 // were lost; waiters then rely on polling.
@@ -15,9 +19,7 @@ func LosePublishes(c *Client) { c.publish = "" }
 // PollOnly makes c neither publish nor subscribe: waiting is polling only.
 func PollOnly(c *Client) {
 	c.publish = ""
-	c.hub.mu.Lock()
-	c.hub.disabled = true
-	c.hub.mu.Unlock()
+	c.hub.Disable()
 }
 
 // RecordKey is the Redis key of key's record.
@@ -27,10 +29,18 @@ func RecordKey(c *Client, key string) string { return c.recordKey(key) }
 func ChannelKey(c *Client, key string) string { return c.keys(key)[1] }
 
 // Subscribed is the number of channels c's hub is subscribed to.
-func Subscribed(c *Client) int {
-	c.hub.mu.Lock()
-	defer c.hub.mu.Unlock()
-	return len(c.hub.chans)
+func Subscribed(c *Client) int { return c.hub.Subscribed() }
+
+// WithPollInterval sets the longest pause between a waiter's polls (500ms
+// by default; at least 1ms).
+func WithPollInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Millisecond {
+			c.problem("WithPollInterval(%v): must be at least 1ms", d)
+			return
+		}
+		c.pollInterval = d
+	}
 }
 
 // NoPolling makes c's waiters rely on pub/sub alone (and the owner's lease
@@ -40,12 +50,12 @@ func NoPolling(c *Client) { c.firstPoll = time.Hour }
 // ScriptSource is the full source of the named script ("claim",
 // "complete", "release", "renew", "status", "step") as sent to Redis,
 // helpers included.
-func ScriptSource(name string) string { return scriptByName(name).src }
+func ScriptSource(name string) string { return scriptByName(name).Src }
 
 // ScriptSHA is the SHA-1 that EVALSHA sends for the named script.
 func ScriptSHA(name string) string { return scriptByName(name).Hash() }
 
-func scriptByName(name string) script {
+func scriptByName(name string) pipeline.Script {
 	switch name {
 	case "claim":
 		return claimScript
@@ -74,7 +84,7 @@ type ClaimReply struct {
 // ClaimResult decodes a reply of lua/claim.lua (see claimResult).
 func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
 	r, err := claimResult(v, fp, lease, 0)
-	return ClaimReply{r.kind, r.n, r.leaseLeft, r.payload}, err
+	return ClaimReply{byte(r.kind), r.n, r.leaseLeft, r.payload}, err
 }
 
 // NewKeyArgs returns the arguments that c sends with the claim and with
@@ -84,7 +94,7 @@ func ClaimResult(v any, fp string, lease time.Duration) (ClaimReply, error) {
 func NewKeyArgs(c *Client, fp, token string, res []byte) (claim, complete []any) {
 	d := digest(fp)
 	first := c.claimRecord(d, token, 1)
-	record, _ := finishedRecord('d', d, token, 1, res) // not freed: garbage-collected
+	record, _ := finishedRecord(recordDone, d, token, 1, res) // not freed: garbage-collected
 	return []any{first, c.retentionMs},
 		[]any{first, record, c.retentionMs, c.publish}
 }
@@ -100,19 +110,12 @@ func HasFollower(c *Client, key string) bool {
 
 // Queued is the number of script runs waiting for a pipeline in c's
 // batcher (not on a cluster).
-func Queued(c *Client) int {
-	c.scripts.one.mu.Lock()
-	defer c.scripts.one.mu.Unlock()
-	return len(c.scripts.one.queue)
-}
+func Queued(c *Client) int { return c.scripts.Queued() }
 
 // SetSlowPipeline sets how long a pipeline of c's may be in flight before
 // it stops holding its place (50ms): tests that hold a pipeline and need
 // the calls behind it to stay queued set it long. Set it before c sends.
-func SetSlowPipeline(c *Client, d time.Duration) {
-	c.scripts.slow = d
-	c.scripts.one.slow = d
-}
+func SetSlowPipeline(c *Client, d time.Duration) { c.scripts.SetSlow(d) }
 
 // WithPolicyCheckEvery sets how often the Client checks maxmemory-policy
 // again (a minute otherwise).
@@ -127,7 +130,7 @@ func WithPolicyCheckEvery(d time.Duration) Option {
 func TombstoneCompletion(c *Client, key, fp, token string, res []byte) (claimed []byte, keys []string, args []any) {
 	d := digest(fp)
 	claimed = c.claimRecord(d, token, 1)
-	record, _ := finishedRecord('d', d, token, 1, res)
+	record, _ := finishedRecord(recordDone, d, token, 1, res)
 	ks := c.keys(key)
 	return claimed, []string{ks[0], ks[1], c.tomb.base(c.cfg.prefix, ks[0])},
 		[]any{claimed, record, c.retentionMs, c.publish, tombstoneField(ks[0]), c.tomb.span, c.tomb.window}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 )
 
 // goldenParams is a package-level type: its name is part of what
@@ -261,13 +262,13 @@ func TestFingerprint(t *testing.T) {
 }
 
 func TestRawParametersNeverStored(t *testing.T) {
-	b := newMiniredis(t)
-	c := b.idem(t)
+	b := idemtest.Miniredis(t)
+	c := b.Idem(t)
 	secret := "4111-1111-1111-1111"
 	if _, err := c.Do(context.Background(), "k", secret, func(context.Context) ([]byte, error) { return []byte("ok"), nil }); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := b.mr.Get(idem.RecordKey(c, "k"))
+	rec, err := b.MR.Get(idem.RecordKey(c, "k"))
 	if err != nil || !strings.HasSuffix(rec, ":ok") {
 		t.Fatalf("record: %q, %v", rec, err)
 	}

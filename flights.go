@@ -12,27 +12,20 @@ import (
 
 // flights lets concurrent calls in one process with the same key and
 // fingerprint share one claim and one wait, so that a burst of duplicates
-// costs one Redis round, not one each.
+// costs one Redis round, not one each: the first call leads, and the
+// others follow it, waiting for its outcome.
 type flights struct {
 	mu sync.Mutex
-	m  map[string]*flight // guarded by mu; by key
+	m  map[string]*call // guarded by mu; the leading call, by key
 }
 
-type flight struct {
-	fp string
-	// done is closed when res, err and retry are set. It is made (under
-	// flights.mu) when the first follower comes: most calls have none.
-	done  chan struct{}
-	res   []byte
-	err   error
-	retry bool // the leader's outcome is not for followers: they try themselves
-}
-
-func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(context.Context) ([]byte, error)) ([]byte, error) {
-	until := time.Now().Add(c.cfg.wait) // this caller's own wait budget
+// do takes cl through its key, as a follower of a leading call with the
+// same key and fingerprint, or as a leader that claims (see claim).
+func (f *flights) do(ctx context.Context, cl *call) ([]byte, error) {
+	c := cl.c
 	if c.cfg.wait <= 0 {
 		// Followers could only wait; with no waiting, each asks Redis.
-		res, err, _ := c.run(ctx, key, fp, until, fn)
+		res, _, err := cl.claim(ctx)
 		return res, err
 	}
 	var timer *time.Timer
@@ -43,60 +36,61 @@ func (f *flights) do(ctx context.Context, c *Client, key, fp string, fn func(con
 	}()
 	for {
 		f.mu.Lock()
-		fl, ok := f.m[key]
-		if ok && fl.fp != fp {
+		lead, ok := f.m[cl.key]
+		if ok && lead.fp != cl.fp {
 			// Another call with other parameters is under way: let Redis
 			// decide which one conflicts.
 			f.mu.Unlock()
-			res, err, _ := c.run(ctx, key, fp, until, fn)
+			res, _, err := cl.claim(ctx)
 			return res, err
 		}
 		if ok {
-			if fl.done == nil {
-				fl.done = make(chan struct{})
+			if lead.done == nil {
+				lead.done = make(chan struct{})
 			}
-			done := fl.done
+			done := lead.done
 			f.mu.Unlock()
-			c.observeFollow(ctx, key)
+			cl.observeFollow()
 			if timer == nil {
-				timer = time.NewTimer(time.Until(until))
+				timer = time.NewTimer(time.Until(cl.until))
 			}
 			select {
 			case <-done:
-				if fl.retry {
+				if lead.retry {
 					continue
 				}
-				return fl.res, fl.err
+				return lead.res, lead.err
 			case <-ctx.Done():
-				return nil, fmt.Errorf("%w: key %q: %w", ErrInProgress, key, ctx.Err())
+				return nil, fmt.Errorf("%w: key %q: %w", ErrInProgress, cl.key, ctx.Err())
 			case <-timer.C:
-				return nil, fmt.Errorf("%w: key %q", ErrInProgress, key)
-			case <-c.hub.done:
+				return nil, fmt.Errorf("%w: key %q", ErrInProgress, cl.key)
+			case <-c.hub.Done():
 				return nil, ErrClosed
 			}
 		}
-		fl = &flight{fp: fp}
 		if f.m == nil {
-			f.m = make(map[string]*flight)
+			f.m = make(map[string]*call)
 		}
-		f.m[key] = fl
+		f.m[cl.key] = cl
 		f.mu.Unlock()
-		return f.lead(ctx, c, key, until, fl, fn)
+		return f.lead(ctx, cl)
 	}
 }
 
-func (f *flights) lead(ctx context.Context, c *Client, key string, until time.Time, fl *flight, fn func(context.Context) ([]byte, error)) (res []byte, err error) {
-	fl.retry = true // kept if run panics
+// lead claims for cl, the flight of its key, and hands the outcome to its
+// followers.
+func (f *flights) lead(ctx context.Context, cl *call) ([]byte, error) {
+	cl.retry = true // kept if claim panics
 	defer func() {
 		f.mu.Lock()
-		delete(f.m, key)
-		done := fl.done
+		delete(f.m, cl.key)
+		done := cl.done
 		f.mu.Unlock()
 		if done != nil {
 			close(done)
 		}
 	}()
-	res, err, retry := c.run(ctx, key, fl.fp, until, fn)
-	fl.res, fl.err, fl.retry = res, err, retry
+	res, retry, err := cl.claim(ctx)
+	cl.res, cl.err, cl.retry = res, err, retry
 	return res, err
 }

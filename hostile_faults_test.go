@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 )
 
 // TestHostileKeysAndFingerprints: FAULTS.md row 41. A 1 MB key is refused
@@ -23,8 +24,8 @@ func TestHostileKeysAndFingerprints(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: hashes 100 MB several times")
 	}
-	b := newMiniredis(t)
-	c := b.idem(t)
+	b := idemtest.Miniredis(t)
+	c := b.Idem(t)
 	ctx := context.Background()
 	ran := 0
 	fn := func(context.Context) ([]byte, error) { ran++; return []byte("ok"), nil }

@@ -13,28 +13,17 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
-	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
-type quietLogger struct{}
-
-func (quietLogger) Printf(context.Context, string, ...any) {}
-
-func TestMain(m *testing.M) {
-	// go-redis logs every failed dial; the fault tests cause many.
-	redis.SetLogger(quietLogger{})
-	goleak.VerifyTestMain(m)
-}
-
 func TestReplayRunsFnOnce(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
-		var l ledger
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
+		var l idemtest.Runs
 		ctx := context.Background()
 		for i := range 5 {
-			got, err := c.Do(ctx, "order-1", "fp", l.fn("receipt"))
+			got, err := c.Do(ctx, "order-1", "fp", l.Fn("receipt"))
 			if err != nil {
 				t.Fatalf("call %d: %v", i, err)
 			}
@@ -42,30 +31,30 @@ func TestReplayRunsFnOnce(t *testing.T) {
 				t.Fatalf("call %d: got %q, want %q", i, got, "receipt#1")
 			}
 		}
-		if got := l.count("order-1"); got != 1 {
+		if got := l.Count("order-1"); got != 1 {
 			t.Fatalf("fn ran %d times, want 1", got)
 		}
 		// Another Client (another service instance) replays it too.
-		got, err := b.idem(t).Do(ctx, "order-1", "fp", l.fn("other"))
+		got, err := b.Idem(t).Do(ctx, "order-1", "fp", l.Fn("other"))
 		if err != nil || string(got) != "receipt#1" {
 			t.Fatalf("second client: got %q, %v; want %q", got, err, "receipt#1")
 		}
-		if got := l.count("order-1"); got != 1 {
+		if got := l.Count("order-1"); got != 1 {
 			t.Fatalf("fn ran %d times, want 1", got)
 		}
 	})
 }
 
 func TestConflict(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithWait(time.Minute))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithWait(time.Minute))
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 		started, release := make(chan struct{}), make(chan struct{})
 		done := make(chan error, 1)
 		go func() {
 			_, err := c.Do(ctx, "k", idem.Fingerprint("A", 100), func(ctx context.Context) ([]byte, error) {
-				l.add(ctx)
+				l.Add(ctx)
 				close(started)
 				<-release
 				return []byte("ok"), nil
@@ -77,7 +66,7 @@ func TestConflict(t *testing.T) {
 		// While the first call runs: a conflict at once, although the
 		// waiter would wait a minute for a matching duplicate.
 		t0 := time.Now()
-		_, err := c.Do(ctx, "k", idem.Fingerprint("A", 200), l.fn("x"))
+		_, err := c.Do(ctx, "k", idem.Fingerprint("A", 200), l.Fn("x"))
 		if !errors.Is(err, idem.ErrConflict) {
 			t.Fatalf("while running: got %v, want ErrConflict", err)
 		}
@@ -90,15 +79,15 @@ func TestConflict(t *testing.T) {
 		}
 
 		// After completion, from another client too.
-		_, err = b.idem(t).Do(ctx, "k", idem.Fingerprint("A", 200), l.fn("x"))
+		_, err = b.Idem(t).Do(ctx, "k", idem.Fingerprint("A", 200), l.Fn("x"))
 		if !errors.Is(err, idem.ErrConflict) {
 			t.Fatalf("after done: got %v, want ErrConflict", err)
 		}
-		if n := l.count("k"); n != 1 {
+		if n := l.Count("k"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 		// An empty fingerprint is not checked.
-		got, err := c.Do(ctx, "k", "", l.fn("x"))
+		got, err := c.Do(ctx, "k", "", l.Fn("x"))
 		if err != nil || string(got) != "ok" {
 			t.Fatalf("empty fingerprint: got %q, %v", got, err)
 		}
@@ -106,10 +95,10 @@ func TestConflict(t *testing.T) {
 }
 
 func TestConcurrentCallersRunFnOnce(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const callers = 32
-		clients := []*idem.Client{b.idem(t), b.idem(t)}
-		var l ledger
+		clients := []*idem.Client{b.Idem(t), b.Idem(t)}
+		var l idemtest.Runs
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		results := make([]string, callers)
@@ -118,7 +107,7 @@ func TestConcurrentCallersRunFnOnce(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				res, err := clients[i%2].Do(context.Background(), "hot", "fp", func(ctx context.Context) ([]byte, error) {
-					l.add(ctx)
+					l.Add(ctx)
 					time.Sleep(20 * time.Millisecond)
 					return []byte("the-result"), nil
 				})
@@ -127,7 +116,7 @@ func TestConcurrentCallersRunFnOnce(t *testing.T) {
 		}
 		close(start)
 		wg.Wait()
-		if n := l.count("hot"); n != 1 {
+		if n := l.Count("hot"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 		for i := range callers {
@@ -139,13 +128,13 @@ func TestConcurrentCallersRunFnOnce(t *testing.T) {
 }
 
 func TestTransientErrorReleases(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 		boom := errors.New("bank timed out")
 		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
+			l.Add(ctx)
 			return nil, boom
 		})
 		if !errors.Is(err, boom) {
@@ -155,37 +144,37 @@ func TestTransientErrorReleases(t *testing.T) {
 		if err != nil || st.State != idem.StateReleased || st.Attempt != 1 {
 			t.Fatalf("status after error: %+v, %v; want released attempt 1", st, err)
 		}
-		got, err := c.Do(ctx, "k", "fp", l.fn("ok"))
+		got, err := c.Do(ctx, "k", "fp", l.Fn("ok"))
 		if err != nil || string(got) != "ok#2" {
 			t.Fatalf("retry: got %q, %v; want ok#2", got, err)
 		}
-		if got := fmt.Sprint(l.runs("k")); got != "[1 2]" {
+		if got := fmt.Sprint(l.Of("k")); got != "[1 2]" {
 			t.Fatalf("attempts that ran: %s, want [1 2]", got)
 		}
 	})
 }
 
 func TestPermanentErrorReplayed(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 		declined := errors.New("card declined")
 		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
+			l.Add(ctx)
 			return nil, idem.Permanent(declined)
 		})
 		if !errors.Is(err, declined) || !idem.IsPermanent(err) {
 			t.Fatalf("owner: got %v, want the permanent error", err)
 		}
 		for range 2 {
-			_, err = c.Do(ctx, "k", "fp", l.fn("never"))
+			_, err = c.Do(ctx, "k", "fp", l.Fn("never"))
 			var se *idem.StoredError
 			if !errors.As(err, &se) || se.Message != "card declined" || !idem.IsPermanent(err) {
 				t.Fatalf("replay: got %v (%T), want *StoredError %q", err, err, "card declined")
 			}
 		}
-		if n := l.count("k"); n != 1 {
+		if n := l.Count("k"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 		if st, _ := c.Status(ctx, "k"); st.State != idem.StateFailed {
@@ -195,10 +184,10 @@ func TestPermanentErrorReplayed(t *testing.T) {
 }
 
 func TestPanicReleasesAndRepanics(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 		func() {
 			defer func() {
 				if p := recover(); p != "kaboom" {
@@ -206,12 +195,12 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 				}
 			}()
 			_, _ = c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-				l.add(ctx)
+				l.Add(ctx)
 				panic("kaboom")
 			})
 			t.Fatal("Do returned after fn panicked")
 		}()
-		got, err := c.Do(ctx, "k", "fp", l.fn("ok"))
+		got, err := c.Do(ctx, "k", "fp", l.Fn("ok"))
 		if err != nil || string(got) != "ok#2" {
 			t.Fatalf("after panic: got %q, %v; want ok#2 at once", got, err)
 		}
@@ -219,36 +208,36 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 }
 
 func TestRetentionEnds(t *testing.T) {
-	b := newMiniredis(t)
-	c := b.idem(t, idem.WithRetention(time.Hour), idem.WithLease(time.Minute))
+	b := idemtest.Miniredis(t)
+	c := b.Idem(t, idem.WithRetention(time.Hour), idem.WithLease(time.Minute))
 	ctx := context.Background()
-	var l ledger
-	if _, err := c.Do(ctx, "k", "fp", l.fn("a")); err != nil {
+	var l idemtest.Runs
+	if _, err := c.Do(ctx, "k", "fp", l.Fn("a")); err != nil {
 		t.Fatal(err)
 	}
-	b.advance(t, 59*time.Minute)
-	if got, err := c.Do(ctx, "k", "fp", l.fn("b")); err != nil || string(got) != "a#1" {
+	b.Advance(t, 59*time.Minute)
+	if got, err := c.Do(ctx, "k", "fp", l.Fn("b")); err != nil || string(got) != "a#1" {
 		t.Fatalf("within retention: got %q, %v; want a#1", got, err)
 	}
-	b.advance(t, 2*time.Minute)
+	b.Advance(t, 2*time.Minute)
 	if st, _ := c.Status(ctx, "k"); st.State != idem.StateAbsent {
 		t.Fatalf("after retention: state %v, want absent", st.State)
 	}
-	if got, err := c.Do(ctx, "k", "fp", l.fn("b")); err != nil || string(got) != "b#1" {
+	if got, err := c.Do(ctx, "k", "fp", l.Fn("b")); err != nil || string(got) != "b#1" {
 		t.Fatalf("after retention: got %q, %v; want b#1 (a new operation)", got, err)
 	}
-	if n := l.count("k"); n != 2 {
+	if n := l.Count("k"); n != 2 {
 		t.Fatalf("fn ran %d times, want 2", n)
 	}
 }
 
 func TestRedisUnreachableFailsClosed(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
-		if b.mr != nil {
-			b.mr.Close()
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
+		if b.MR != nil {
+			b.MR.Close()
 		} else {
-			b.srv.Kill()
+			b.Srv.Kill()
 		}
 		ran := false
 		_, err := c.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) {
@@ -265,8 +254,8 @@ func TestRedisUnreachableFailsClosed(t *testing.T) {
 }
 
 func TestCorruptRecordFailsClosed(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		cases := []struct {
 			name  string
 			setup []any
@@ -284,7 +273,7 @@ func TestCorruptRecordFailsClosed(t *testing.T) {
 			key := fmt.Sprintf("bad-%d", i)
 			args := append([]any(nil), tc.setup...)
 			args[1] = idem.RecordKey(c, key)
-			b.do(t, args...)
+			b.Do(t, args...)
 			ran := false
 			_, err := c.Do(context.Background(), key, "fp", func(context.Context) ([]byte, error) {
 				ran = true
@@ -301,13 +290,13 @@ func TestCorruptRecordFailsClosed(t *testing.T) {
 }
 
 func TestStoreFailureIsNotRecorded(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithStoreTimeout(300*time.Millisecond))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithStoreTimeout(300*time.Millisecond))
 		got, err := c.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) {
-			if b.mr != nil {
-				b.mr.Close()
+			if b.MR != nil {
+				b.MR.Close()
 			} else {
-				b.srv.Kill()
+				b.Srv.Kill()
 			}
 			return []byte("done"), nil
 		})
@@ -321,12 +310,12 @@ func TestStoreFailureIsNotRecorded(t *testing.T) {
 }
 
 func TestResultTooLarge(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithMaxResultSize(1<<10))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithMaxResultSize(1<<10))
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 		big := func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
+			l.Add(ctx)
 			return make([]byte, 10<<10), nil
 		}
 		_, err := c.Do(ctx, "k", "fp", big)
@@ -338,23 +327,23 @@ func TestResultTooLarge(t *testing.T) {
 		if !errors.As(err, &se) || !strings.Contains(se.Message, "10240 bytes") {
 			t.Fatalf("replay: got %v, want a stored error that names the size", err)
 		}
-		if n := l.count("k"); n != 1 {
+		if n := l.Count("k"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 		// Only the message is stored, not the 10 KiB.
-		if n := b.do(t, "STRLEN", idem.RecordKey(c, "k")).(int64); n > 200 {
+		if n := b.Do(t, "STRLEN", idem.RecordKey(c, "k")).(int64); n > 200 {
 			t.Fatalf("stored error is %d bytes", n)
 		}
 	})
 }
 
 func TestKeys(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithMaxKeyLen(64))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithMaxKeyLen(64))
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 		for _, key := range []string{"", strings.Repeat("k", 65)} {
-			_, err := c.Do(ctx, key, "", l.fn("x"))
+			_, err := c.Do(ctx, key, "", l.Fn("x"))
 			if !errors.Is(err, idem.ErrInvalidKey) {
 				t.Errorf("key of %d bytes: got %v, want ErrInvalidKey", len(key), err)
 			}
@@ -365,14 +354,14 @@ func TestKeys(t *testing.T) {
 		seenRecords := map[string]string{}
 		for _, key := range good {
 			got, err := c.Do(ctx, key, "", func(ctx context.Context) ([]byte, error) {
-				l.add(ctx)
+				l.Add(ctx)
 				return []byte(key), nil
 			})
 			if err != nil || string(got) != key {
 				t.Errorf("key %q: got %q, %v", key, got, err)
 			}
 			rk, ch := idem.RecordKey(c, key), idem.ChannelKey(c, key)
-			if tag := hashTag(rk); tag == rk || tag == "" || tag != hashTag(ch) {
+			if tag := idemtest.HashTag(rk); tag == rk || tag == "" || tag != idemtest.HashTag(ch) {
 				t.Errorf("key %q: record %q and channel %q do not share a non-empty hash tag", key, rk, ch)
 			}
 			if other, dup := seenRecords[rk]; dup {
@@ -381,7 +370,7 @@ func TestKeys(t *testing.T) {
 			seenRecords[rk] = key
 		}
 		for _, key := range good {
-			if n := l.count(key); n != 1 {
+			if n := l.Count(key); n != 1 {
 				t.Errorf("key %q: fn ran %d times", key, n)
 			}
 		}
@@ -402,8 +391,8 @@ type receipt struct {
 }
 
 func TestTypedRoundTrip(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
 		note := "first"
 		want := receipt{
@@ -444,26 +433,26 @@ func TestTypedRoundTrip(t *testing.T) {
 }
 
 func TestEvictionPolicyWarning(t *testing.T) {
-	b := newRedis(t, redistest.Config{MaxMemoryPolicy: "volatile-lru"})
+	b := idemtest.Redis(t, redistest.Config{MaxMemoryPolicy: "volatile-lru"})
 	var buf syncBuffer
-	c := idem.New(b.client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
+	c := idem.New(b.Client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
 	_ = c.Close() // waits for the check
 	if !strings.Contains(buf.String(), "volatile-lru") {
 		t.Fatalf("log %q does not warn about volatile-lru", buf.String())
 	}
 
-	b = newRedis(t, redistest.Config{})
+	b = idemtest.Redis(t, redistest.Config{})
 	buf = syncBuffer{}
-	c = idem.New(b.client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
+	c = idem.New(b.Client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
 	_ = c.Close()
 	if buf.String() != "" {
 		t.Fatalf("noeviction: unexpected log %q", buf.String())
 	}
 
 	// CONFIG disabled (renamed away): say that it could not be checked.
-	b = newRedis(t, redistest.Config{Extra: []string{`rename-command CONFIG ""`}})
+	b = idemtest.Redis(t, redistest.Config{Extra: []string{`rename-command CONFIG ""`}})
 	buf = syncBuffer{}
-	c = idem.New(b.client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
+	c = idem.New(b.Client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
 	_ = c.Close()
 	if !strings.Contains(buf.String(), "cannot check") {
 		t.Fatalf("CONFIG disabled: log %q does not say the policy could not be checked", buf.String())
@@ -488,7 +477,7 @@ func (s *syncBuffer) String() string {
 }
 
 func TestInvalidOptionsPanic(t *testing.T) {
-	b := newMiniredis(t)
+	b := idemtest.Miniredis(t)
 	for _, tc := range []struct {
 		opt  idem.Option
 		want string
@@ -510,7 +499,7 @@ func TestInvalidOptionsPanic(t *testing.T) {
 					t.Errorf("%s: recovered %v, want a panic naming the option", tc.want, p)
 				}
 			}()
-			c := idem.New(b.client(t), tc.opt)
+			c := idem.New(b.Client(t), tc.opt)
 			_ = c.Close()
 		}()
 	}
@@ -520,13 +509,13 @@ func TestInvalidOptionsPanic(t *testing.T) {
 				t.Errorf("lease > retention: recovered %v", p)
 			}
 		}()
-		_ = idem.New(b.client(t), idem.WithLease(time.Hour), idem.WithRetention(time.Minute)).Close()
+		_ = idem.New(b.Client(t), idem.WithLease(time.Hour), idem.WithRetention(time.Minute)).Close()
 	}()
 }
 
 func TestClosedClient(t *testing.T) {
-	b := newMiniredis(t)
-	c := idem.New(b.client(t))
+	b := idemtest.Miniredis(t)
+	c := idem.New(b.Client(t))
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -548,27 +537,27 @@ func TestClosedClient(t *testing.T) {
 // stored one (the caller built its record without it), and the key still
 // refuses other parameters.
 func TestTakeoverWithoutFingerprintKeepsIt(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithWait(0))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithWait(0))
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 		if _, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
+			l.Add(ctx)
 			return nil, errors.New("transient")
 		}); err == nil {
 			t.Fatal("no error from a failing fn")
 		}
-		got, err := c.Do(ctx, "k", "", l.fn("x"))
+		got, err := c.Do(ctx, "k", "", l.Fn("x"))
 		if err != nil || string(got) != "x#2" {
 			t.Fatalf("takeover without a fingerprint: got %q, %v; want x#2", got, err)
 		}
-		if got, err := c.Do(ctx, "k", "fp", l.fn("y")); err != nil || string(got) != "x#2" {
+		if got, err := c.Do(ctx, "k", "fp", l.Fn("y")); err != nil || string(got) != "x#2" {
 			t.Fatalf("replay with the first fingerprint: got %q, %v; want x#2", got, err)
 		}
-		if _, err := c.Do(ctx, "k", "other", l.fn("z")); !errors.Is(err, idem.ErrConflict) {
+		if _, err := c.Do(ctx, "k", "other", l.Fn("z")); !errors.Is(err, idem.ErrConflict) {
 			t.Fatalf("other parameters: got %v, want ErrConflict", err)
 		}
-		if n := l.count("k"); n != 2 {
+		if n := l.Count("k"); n != 2 {
 			t.Fatalf("fn ran %d times, want 2", n)
 		}
 	})
@@ -577,25 +566,25 @@ func TestTakeoverWithoutFingerprintKeepsIt(t *testing.T) {
 // A replayed result is handed over without a copy (see replyBytes): changing
 // it must change neither the record nor a later replay.
 func TestReplayedResultIsTheCallers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
-		var l ledger
-		if _, err := c.Do(ctx, "k", "fp", l.fn("result")); err != nil {
+		var l idemtest.Runs
+		if _, err := c.Do(ctx, "k", "fp", l.Fn("result")); err != nil {
 			t.Fatal(err)
 		}
-		first, err := c.Do(ctx, "k", "fp", l.fn("again"))
+		first, err := c.Do(ctx, "k", "fp", l.Fn("again"))
 		if err != nil || string(first) != "result#1" {
 			t.Fatalf("replay: got %q, %v; want result#1", first, err)
 		}
 		for i := range first {
 			first[i] = 'x'
 		}
-		second, err := c.Do(ctx, "k", "fp", l.fn("again"))
+		second, err := c.Do(ctx, "k", "fp", l.Fn("again"))
 		if err != nil || string(second) != "result#1" {
 			t.Fatalf("replay after the first replay's bytes were changed: got %q, %v; want result#1", second, err)
 		}
-		if n := l.count("k"); n != 1 {
+		if n := l.Count("k"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 	})
@@ -604,8 +593,8 @@ func TestReplayedResultIsTheCallers(t *testing.T) {
 // Large results are recorded through recycled buffers (see
 // finishedRecord): many at once must each be stored whole and apart.
 func TestLargeResultsAtOnce(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
 		const calls, size = 16, 100 << 10
 		result := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i)}, size+i) }

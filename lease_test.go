@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -26,22 +27,21 @@ import (
 // another caller took the key over meanwhile. The late caller must not
 // start fn; it waits for the new owner's outcome instead.
 func TestSlowClaimReplyDoesNotStartFn(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
+	b := idemtest.FaultRedis(t, redistest.Config{})
 	const lease = time.Second
 	held := 3 * time.Second
-	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "claim"), Nth: 1, Action: faultconn.DelayReply, Delay: held})
-	slow := faultyClient(t, b, in, nil, idem.WithLease(lease))
-	other := b.idem(t, idem.WithLease(lease))
+	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "claim"), Nth: 1, Action: faultconn.DelayReply, Delay: held})
+	slow := idemtest.Faulty(t, b, in, nil, idem.WithLease(lease))
+	other := b.Idem(t, idem.WithLease(lease))
 
-	var o owners
-	var l ledger
+	var o idemtest.Owners
+	var l idemtest.Runs
 	bStarted := make(chan struct{})
 	fn := func(name string, hold time.Duration) func(context.Context) ([]byte, error) {
 		return func(ctx context.Context) ([]byte, error) {
-			leave := o.enter(ctx)
+			leave := o.Enter(ctx)
 			defer leave()
-			a := l.add(ctx)
+			a := l.Add(ctx)
 			if name == "b" {
 				close(bStarted)
 			}
@@ -63,11 +63,11 @@ func TestSlowClaimReplyDoesNotStartFn(t *testing.T) {
 		slowDone <- result{res, err}
 	}()
 	// The slow caller's claim is on the server; its reply is held.
-	eventually(t, 5*time.Second, "the slow caller's claim", func() bool {
-		return faultStatus(t, b, "k").State == idem.StateInProgress
+	idemtest.Eventually(t, 5*time.Second, "the slow caller's claim", func() bool {
+		return idemtest.Status(t, b, "k").State == idem.StateInProgress
 	})
-	eventually(t, 5*time.Second, "the end of the slow caller's lease", func() bool {
-		return serverLeaseLeft(t, b, "k") < 0
+	idemtest.Eventually(t, 5*time.Second, "the end of the slow caller's lease", func() bool {
+		return idemtest.LeaseLeft(t, b, "k") < 0
 	})
 	// Another caller takes over, and its fn runs until well after the
 	// slow caller's reply arrived.
@@ -79,14 +79,14 @@ func TestSlowClaimReplyDoesNotStartFn(t *testing.T) {
 	<-bStarted
 	rb := <-otherDone
 	ra := <-slowDone
-	o.check(t)
+	o.Check(t)
 	if rb.err != nil || string(rb.res) != "b#2" {
 		t.Fatalf("the new owner got %q, %v; want b#2", rb.res, rb.err)
 	}
 	if ra.err != nil || string(ra.res) != "b#2" {
 		t.Fatalf("the slow caller got %q, %v; want the new owner's b#2", ra.res, ra.err)
 	}
-	faultRuns(t, &l, "k", "[2]")
+	l.Want(t, "k", "[2]")
 }
 
 // Row 28: the claim's reply is lost to a read timeout and go-redis sends
@@ -98,19 +98,18 @@ func TestSlowClaimReplyDoesNotStartFn(t *testing.T) {
 func TestResentClaimWithNoLeaseLeft(t *testing.T) {
 	for _, thief := range []bool{false, true} {
 		t.Run(fmt.Sprintf("thief=%v", thief), func(t *testing.T) {
-			b := newRedis(t, redistest.Config{})
-			faultLoadScripts(t, b)
+			b := idemtest.FaultRedis(t, redistest.Config{})
 			const lease = time.Second
-			claim := faultConnScript(t, "claim")
-			count, sent := faultCount(claim)
+			claim := idemtest.IsScript(t, "claim")
+			count, sent := idemtest.Count(claim)
 			in := faultconn.New(count,
 				faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: 5 * time.Second},
 				faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: 500 * time.Millisecond})
-			c := faultyClient(t, b, in, func(o *redis.Options) { o.ReadTimeout = 1500 * time.Millisecond }, idem.WithLease(lease))
-			other := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+			c := idemtest.Faulty(t, b, in, func(o *redis.Options) { o.ReadTimeout = 1500 * time.Millisecond }, idem.WithLease(lease))
+			other := b.Idem(t, idem.WithLease(lease), idem.WithWait(0))
 
-			var o owners
-			var l ledger
+			var o idemtest.Owners
+			var l idemtest.Runs
 			var leftAtStart time.Duration
 			thiefDone := make(chan error, 1)
 			if thief {
@@ -121,9 +120,9 @@ func TestResentClaimWithNoLeaseLeft(t *testing.T) {
 					// The repeat ran on the server; its reply is held.
 					time.Sleep(50 * time.Millisecond)
 					_, err := other.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
-						leave := o.enter(ctx)
+						leave := o.Enter(ctx)
 						defer leave()
-						a := l.add(ctx)
+						a := l.Add(ctx)
 						time.Sleep(time.Second)
 						return fmt.Appendf(nil, "thief#%d", a.Number), nil
 					})
@@ -133,16 +132,16 @@ func TestResentClaimWithNoLeaseLeft(t *testing.T) {
 				thiefDone <- nil
 			}
 			res, err := c.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
-				leave := o.enter(ctx)
+				leave := o.Enter(ctx)
 				defer leave()
-				leftAtStart = serverLeaseLeft(t, b, "k")
-				a := l.add(ctx)
+				leftAtStart = idemtest.LeaseLeft(t, b, "k")
+				a := l.Add(ctx)
 				return fmt.Appendf(nil, "ok#%d", a.Number), nil
 			})
 			if err := <-thiefDone; err != nil {
 				t.Fatalf("thief: %v", err)
 			}
-			o.check(t)
+			o.Check(t)
 			if n := sent.Load(); n < 2 {
 				t.Fatalf("the claim was sent %d times, want at least 2 (the first reply timed out)", n)
 			}
@@ -150,7 +149,7 @@ func TestResentClaimWithNoLeaseLeft(t *testing.T) {
 				if err != nil || string(res) != "thief#2" {
 					t.Fatalf("Do: %q, %v; want the new owner's thief#2", res, err)
 				}
-				faultRuns(t, &l, "k", "[2]")
+				l.Want(t, "k", "[2]")
 				return
 			}
 			if err != nil || string(res) != "ok#1" {
@@ -159,8 +158,8 @@ func TestResentClaimWithNoLeaseLeft(t *testing.T) {
 			if leftAtStart < lease/3 {
 				t.Fatalf("fn started with %v of the lease left on the server, want at least a third of %v", leftAtStart, lease)
 			}
-			faultRuns(t, &l, "k", "[1]")
-			faultWantStatus(t, b, "k", idem.StateDone, 1)
+			l.Want(t, "k", "[1]")
+			idemtest.WantStatus(t, b, "k", idem.StateDone, 1)
 		})
 	}
 }
@@ -169,24 +168,23 @@ func TestResentClaimWithNoLeaseLeft(t *testing.T) {
 // at the owner's own lease deadline, before anyone can take the key over,
 // even though the renewal call has not come back.
 func TestHangingRenewalEndsFnContext(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
+	b := idemtest.FaultRedis(t, redistest.Config{})
 	const lease = 600 * time.Millisecond
 	// Every renewal runs on the server, and its reply is held.
-	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "renew"), Action: faultconn.DelayReply, Delay: 4 * time.Second})
-	hung := faultyClient(t, b, in, func(o *redis.Options) { o.ReadTimeout = 10 * time.Second }, idem.WithLease(lease))
-	other := b.idem(t, idem.WithLease(lease))
+	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "renew"), Action: faultconn.DelayReply, Delay: 4 * time.Second})
+	hung := idemtest.Faulty(t, b, in, func(o *redis.Options) { o.ReadTimeout = 10 * time.Second }, idem.WithLease(lease))
+	other := b.Idem(t, idem.WithLease(lease))
 
-	var o owners
-	var l ledger
+	var o idemtest.Owners
+	var l idemtest.Runs
 	bStarted := make(chan struct{})
 	var cause error
 	aDone := make(chan error, 1)
 	go func() {
 		_, err := hung.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
-			leave := o.enter(ctx)
+			leave := o.Enter(ctx)
 			defer leave()
-			l.add(ctx)
+			l.Add(ctx)
 			select {
 			case <-ctx.Done():
 				cause = context.Cause(ctx)
@@ -203,34 +201,34 @@ func TestHangingRenewalEndsFnContext(t *testing.T) {
 		})
 		aDone <- err
 	}()
-	eventually(t, 5*time.Second, "the first owner's claim", func() bool {
-		return faultStatus(t, b, "k").State == idem.StateInProgress
+	idemtest.Eventually(t, 5*time.Second, "the first owner's claim", func() bool {
+		return idemtest.Status(t, b, "k").State == idem.StateInProgress
 	})
 	// The renewals ran on the server (their replies are held), until two
 	// were under way: wait for the server's lease to end, and take over.
 	time.Sleep(lease / 2)
-	eventually(t, 10*time.Second, "the end of the first owner's lease on the server", func() bool {
-		return serverLeaseLeft(t, b, "k") < 0
+	idemtest.Eventually(t, 10*time.Second, "the end of the first owner's lease on the server", func() bool {
+		return idemtest.LeaseLeft(t, b, "k") < 0
 	})
 	res, err := other.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
-		leave := o.enter(ctx)
+		leave := o.Enter(ctx)
 		defer leave()
 		close(bStarted)
-		a := l.add(ctx)
+		a := l.Add(ctx)
 		return fmt.Appendf(nil, "b#%d", a.Number), nil
 	})
 	if err != nil || string(res) != "b#2" {
 		t.Fatalf("the new owner got %q, %v; want b#2", res, err)
 	}
 	errA := <-aDone
-	o.check(t)
+	o.Check(t)
 	if !errors.Is(cause, idem.ErrLeaseLost) {
 		t.Fatalf("the first fn's context ended with cause %v, want ErrLeaseLost", cause)
 	}
 	if !errors.Is(errA, idem.ErrLeaseLost) {
 		t.Fatalf("the first owner's Do: %v, want ErrLeaseLost", errA)
 	}
-	faultRuns(t, &l, "k", "[1 2]")
+	l.Want(t, "k", "[1 2]")
 }
 
 // Row 30: many fns renew their leases through one Client's queue while a
@@ -238,21 +236,20 @@ func TestHangingRenewalEndsFnContext(t *testing.T) {
 // point: a caller that keeps trying to take the key over never starts fn
 // while its owner's context is live.
 func TestSlowClaimAmongRenewals(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
+	b := idemtest.FaultRedis(t, redistest.Config{})
 	const lease = 600 * time.Millisecond
 	// The claim of "slow" is the first claim sent; its reply is held.
-	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "claim"), Nth: 1, Action: faultconn.DelayReply, Delay: 500 * time.Millisecond})
-	c := faultyClient(t, b, in, nil, idem.WithLease(lease))
-	thief := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "claim"), Nth: 1, Action: faultconn.DelayReply, Delay: 500 * time.Millisecond})
+	c := idemtest.Faulty(t, b, in, nil, idem.WithLease(lease))
+	thief := b.Idem(t, idem.WithLease(lease), idem.WithWait(0))
 
-	var o owners
-	var l ledger
+	var o idemtest.Owners
+	var l idemtest.Runs
 	hold := func(d time.Duration) func(context.Context) ([]byte, error) {
 		return func(ctx context.Context) ([]byte, error) {
-			leave := o.enter(ctx)
+			leave := o.Enter(ctx)
 			defer leave()
-			a := l.add(ctx)
+			a := l.Add(ctx)
 			select {
 			case <-time.After(d):
 			case <-ctx.Done():
@@ -304,10 +301,8 @@ func TestSlowClaimAmongRenewals(t *testing.T) {
 			t.Errorf("Do: %v", err)
 		}
 	}
-	o.check(t)
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if n := o.started["slow"]; n < 1 {
+	o.Check(t)
+	if n := o.Started("slow"); n < 1 {
 		t.Fatalf("fn of the slow key started %d times", n)
 	}
 }
@@ -316,16 +311,16 @@ func TestSlowClaimAmongRenewals(t *testing.T) {
 // the claim is released, renewals stop, and the next call runs attempt 2.
 func TestGoexitInFnReleases(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const lease = 300 * time.Millisecond
-		c := b.idem(t, idem.WithLease(lease))
-		var l ledger
+		c := b.Idem(t, idem.WithLease(lease))
+		var l idemtest.Runs
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			_, _ = c.Do(context.Background(), "k", "", func(ctx context.Context) ([]byte, error) {
-				l.add(ctx)
-				if b.mr == nil {
+				l.Add(ctx)
+				if b.MR == nil {
 					time.Sleep(lease / 2) // a renewal falls due
 				}
 				runtime.Goexit()
@@ -333,11 +328,11 @@ func TestGoexitInFnReleases(t *testing.T) {
 			})
 		}()
 		<-done
-		if b.mr == nil {
+		if b.MR == nil {
 			time.Sleep(lease) // a renewal that went on would keep the record in progress
 		}
-		faultWantStatus(t, b, "k", idem.StateReleased, 1)
-		res, err := c.Do(context.Background(), "k", "", l.fn("ok"))
+		idemtest.WantStatus(t, b, "k", idem.StateReleased, 1)
+		res, err := c.Do(context.Background(), "k", "", l.Fn("ok"))
 		if err != nil || string(res) != "ok#2" {
 			t.Fatalf("next call: %q, %v; want ok#2", res, err)
 		}
@@ -349,14 +344,14 @@ func TestGoexitInFnReleases(t *testing.T) {
 // a waiter whose context ends while it re-claims gets ErrInProgress with
 // the context's error.
 func TestRedisHangsCallsEndWithTheirContext(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	const lease = 2 * time.Second
-	rdb := b.client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	rdb := b.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	c := idem.New(rdb, idem.WithLease(lease), idem.WithStoreTimeout(30*time.Second), idem.WithPollInterval(20*time.Millisecond))
 	t.Cleanup(func() { _ = c.Close() })
 
 	// An owner in another Client holds "busy".
-	owner := b.idem(t, idem.WithLease(lease))
+	owner := b.Idem(t, idem.WithLease(lease))
 	release := make(chan struct{})
 	ownerDone := make(chan error, 1)
 	go func() {
@@ -366,8 +361,8 @@ func TestRedisHangsCallsEndWithTheirContext(t *testing.T) {
 		})
 		ownerDone <- err
 	}()
-	eventually(t, 5*time.Second, "the owner's claim", func() bool {
-		return faultStatus(t, b, "busy").State == idem.StateInProgress
+	idemtest.Eventually(t, 5*time.Second, "the owner's claim", func() bool {
+		return idemtest.Status(t, b, "busy").State == idem.StateInProgress
 	})
 	// A waiter polls "busy" (every 20ms); then the server stops.
 	waitCtx, cancelWait := context.WithTimeout(context.Background(), 600*time.Millisecond)
@@ -380,11 +375,11 @@ func TestRedisHangsCallsEndWithTheirContext(t *testing.T) {
 		waitDone <- err
 	}()
 	time.Sleep(200 * time.Millisecond)
-	b.srv.Pause()
+	b.Srv.Pause()
 	resumed := false
 	defer func() {
 		if !resumed {
-			b.srv.Resume()
+			b.Srv.Resume()
 		}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -407,7 +402,7 @@ func TestRedisHangsCallsEndWithTheirContext(t *testing.T) {
 	if d, _ := waitCtx.Deadline(); waitEnded.Sub(d) > 3*time.Second {
 		t.Errorf("waiter returned %v after its context ended", waitEnded.Sub(d))
 	}
-	b.srv.Resume()
+	b.Srv.Resume()
 	resumed = true
 	close(release)
 	if err := <-ownerDone; err != nil {
@@ -418,8 +413,8 @@ func TestRedisHangsCallsEndWithTheirContext(t *testing.T) {
 // Followers in one process share their leader's round to Redis, but not its
 // wait budget: each waits for its own WithWait and its own context.
 func TestFollowersKeepTheirOwnBudget(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		owner := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		owner := b.Idem(t)
 		release := make(chan struct{})
 		ownerDone := make(chan struct{})
 		go func() {
@@ -430,13 +425,13 @@ func TestFollowersKeepTheirOwnBudget(t *testing.T) {
 			})
 		}()
 		defer func() { close(release); <-ownerDone }()
-		eventually(t, 5*time.Second, "the owner's claim", func() bool {
-			return faultStatus(t, b, "k").State == idem.StateInProgress
+		idemtest.Eventually(t, 5*time.Second, "the owner's claim", func() bool {
+			return idemtest.Status(t, b, "k").State == idem.StateInProgress
 		})
 
 		t.Run("leader's budget ends first", func(t *testing.T) {
 			const wait = time.Second
-			c := b.idem(t, idem.WithWait(wait))
+			c := b.Idem(t, idem.WithWait(wait))
 			leader := make(chan error, 1)
 			go func() {
 				_, err := c.Do(context.Background(), "k", "", nil2)
@@ -458,7 +453,7 @@ func TestFollowersKeepTheirOwnBudget(t *testing.T) {
 		})
 		t.Run("leader's context ends first", func(t *testing.T) {
 			const wait = 2 * time.Second
-			c := b.idem(t, idem.WithWait(wait))
+			c := b.Idem(t, idem.WithWait(wait))
 			lctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 			defer cancel()
 			leader := make(chan error, 1)
@@ -489,25 +484,25 @@ func TestFollowersKeepTheirOwnBudget(t *testing.T) {
 func nil2(context.Context) ([]byte, error) { return nil, errors.New("a waiter ran fn") }
 
 func TestCrashedOwnerTakenOver(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		// A second: with 200ms, on a loaded machine the dead owner's lease
 		// ended before the first call, or the takeover's claim came back
 		// with too little of its lease (TestSuiteBesideBusyGoroutines).
 		const lease = time.Second
-		c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+		c := b.Idem(t, idem.WithLease(lease), idem.WithWait(0))
 		ctx := context.Background()
 		rk := idem.RecordKey(c, "k")
 		// What an owner that died inside fn leaves behind: a claim whose
 		// lease is not renewed.
-		b.do(t, "SET", rk, inProgress("dead-owner", 1, time.Minute, lease), "PX", time.Minute.Milliseconds())
+		b.Do(t, "SET", rk, idemtest.InProgress("dead-owner", 1, time.Minute, lease), "PX", time.Minute.Milliseconds())
 
-		var l ledger
-		_, err := c.Do(ctx, "k", "fp", l.fn("x"))
+		var l idemtest.Runs
+		_, err := c.Do(ctx, "k", "fp", l.Fn("x"))
 		if !errors.Is(err, idem.ErrInProgress) {
 			t.Fatalf("during the dead owner's lease: got %v, want ErrInProgress", err)
 		}
-		b.advance(t, lease+50*time.Millisecond)
-		got, err := c.Do(ctx, "k", "fp", l.fn("x"))
+		b.Advance(t, lease+50*time.Millisecond)
+		got, err := c.Do(ctx, "k", "fp", l.Fn("x"))
 		if err != nil || string(got) != "x#2" {
 			t.Fatalf("after the lease: got %q, %v; want x#2 (a takeover)", got, err)
 		}
@@ -515,16 +510,16 @@ func TestCrashedOwnerTakenOver(t *testing.T) {
 }
 
 func TestStaleOwnerLosesLease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithWait(0))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithWait(0))
 		ctx := context.Background()
 		rk := idem.RecordKey(c, "k")
-		var l ledger
+		var l idemtest.Runs
 		inFn, resume := make(chan struct{}), make(chan struct{})
 		done := make(chan error, 1)
 		go func() {
 			_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-				l.add(ctx)
+				l.Add(ctx)
 				close(inFn)
 				<-resume
 				return []byte("stale"), nil
@@ -535,8 +530,8 @@ func TestStaleOwnerLosesLease(t *testing.T) {
 		// The owner is paused past its lease: end it, as time would, by
 		// bringing the record's TTL down by the lease (the defaults: a
 		// 24h retention and a 30s lease).
-		b.do(t, "PEXPIRE", rk, (24*time.Hour - 30*time.Second).Milliseconds())
-		got, err := c.Do(ctx, "k", "fp", l.fn("new"))
+		b.Do(t, "PEXPIRE", rk, (24*time.Hour - 30*time.Second).Milliseconds())
+		got, err := c.Do(ctx, "k", "fp", l.Fn("new"))
 		if err != nil || string(got) != "new#2" {
 			t.Fatalf("takeover: got %q, %v; want new#2", got, err)
 		}
@@ -544,7 +539,7 @@ func TestStaleOwnerLosesLease(t *testing.T) {
 		if err := <-done; !errors.Is(err, idem.ErrLeaseLost) {
 			t.Fatalf("stale owner: got %v, want ErrLeaseLost", err)
 		}
-		got, err = c.Do(ctx, "k", "fp", l.fn("again"))
+		got, err = c.Do(ctx, "k", "fp", l.Fn("again"))
 		if err != nil || string(got) != "new#2" {
 			t.Fatalf("after the stale completion: got %q, %v; want the newer result new#2", got, err)
 		}
@@ -552,10 +547,10 @@ func TestStaleOwnerLosesLease(t *testing.T) {
 }
 
 func TestLeaseLossCancelsFn(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	// A second: with 60ms, on a loaded machine the claim came back with too
 	// little of its lease and fn did not run (TestSuiteBesideBusyGoroutines).
-	c := b.idem(t, idem.WithLease(time.Second), idem.WithWait(0))
+	c := b.Idem(t, idem.WithLease(time.Second), idem.WithWait(0))
 	ctx := context.Background()
 	rk := idem.RecordKey(c, "k")
 	cause := make(chan error, 1)
@@ -563,7 +558,7 @@ func TestLeaseLossCancelsFn(t *testing.T) {
 	go func() {
 		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
 			// Another caller took over behind our back.
-			b.do(t, "SET", rk, inProgress("someone-else", 2, time.Minute, time.Minute), "PX", time.Minute.Milliseconds())
+			b.Do(t, "SET", rk, idemtest.InProgress("someone-else", 2, time.Minute, time.Minute), "PX", time.Minute.Milliseconds())
 			<-ctx.Done()
 			cause <- context.Cause(ctx)
 			return []byte("late"), nil
@@ -584,18 +579,18 @@ func TestLeaseLossCancelsFn(t *testing.T) {
 }
 
 func TestLeaseRenewedWhileFnRuns(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	// A second: with 90ms, a loaded machine delayed renewals past the lease
 	// (TestSuiteBesideBusyGoroutines).
 	const lease = time.Second
-	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+	c := b.Idem(t, idem.WithLease(lease), idem.WithWait(0))
 	ctx := context.Background()
-	var l ledger
+	var l idemtest.Runs
 	inFn, finish := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
+			l.Add(ctx)
 			close(inFn)
 			<-finish
 			return []byte("slow"), ctx.Err()
@@ -605,14 +600,14 @@ func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 	<-inFn
 	// Several leases later, the owner still holds the key.
 	time.Sleep(3 * lease)
-	if _, err := c.Do(ctx, "k", "fp", l.fn("dup")); !errors.Is(err, idem.ErrInProgress) {
+	if _, err := c.Do(ctx, "k", "fp", l.Fn("dup")); !errors.Is(err, idem.ErrInProgress) {
 		t.Fatalf("during a renewed lease: got %v, want ErrInProgress", err)
 	}
 	close(finish)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n := l.count("k"); n != 1 {
+	if n := l.Count("k"); n != 1 {
 		t.Fatalf("fn ran %d times, want 1", n)
 	}
 }
@@ -623,13 +618,13 @@ func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 // One queue and one timer serve a Client's leases (see renew.go); every
 // long fn must keep its key, and every fn run once.
 func TestManyLeasesRenewed(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	// A lease of a second: with 90ms, a loaded machine delayed renewals past
 	// the lease and every long fn lost its key (TestSuiteBesideBusyGoroutines).
 	const lease = time.Second
-	c := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+	c := b.Idem(t, idem.WithLease(lease), idem.WithWait(0))
 	ctx := context.Background()
-	var l ledger
+	var l idemtest.Runs
 	const n = 12
 	long := func(i int) bool { return i%2 == 0 }
 	finish := make(chan struct{})
@@ -640,7 +635,7 @@ func TestManyLeasesRenewed(t *testing.T) {
 		started.Add(1)
 		go func() {
 			_, err := c.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
-				l.add(ctx)
+				l.Add(ctx)
 				started.Done()
 				if long(i) {
 					<-finish
@@ -655,7 +650,7 @@ func TestManyLeasesRenewed(t *testing.T) {
 	time.Sleep(4 * lease)
 	for i := range n {
 		key := fmt.Sprintf("k%d", i)
-		got, err := c.Do(ctx, key, "fp", l.fn("dup"))
+		got, err := c.Do(ctx, key, "fp", l.Fn("dup"))
 		switch {
 		case long(i) && !errors.Is(err, idem.ErrInProgress):
 			t.Errorf("%s, after 4 leases of its fn: got %q, %v; want ErrInProgress", key, got, err)
@@ -670,8 +665,8 @@ func TestManyLeasesRenewed(t *testing.T) {
 		}
 	}
 	for i := range n {
-		if key := fmt.Sprintf("k%d", i); l.count(key) != 1 {
-			t.Errorf("%s: fn ran %d times, want 1", key, l.count(key))
+		if key := fmt.Sprintf("k%d", i); l.Count(key) != 1 {
+			t.Errorf("%s: fn ran %d times, want 1", key, l.Count(key))
 		}
 	}
 }
@@ -680,8 +675,8 @@ func TestManyLeasesRenewed(t *testing.T) {
 // (which renewals move): documented at AttemptFrom. It still ends when
 // the lease does (TestHangingRenewalEndsFnContext).
 func TestFnDeadlineIsTheCallers(t *testing.T) {
-	b := newMiniredis(t)
-	c := b.idem(t, idem.WithLease(time.Second))
+	b := idemtest.Miniredis(t)
+	c := b.Idem(t, idem.WithLease(time.Second))
 	type seen struct {
 		at time.Time
 		ok bool

@@ -256,9 +256,9 @@ func ledgerOutcome(key, fp string, e *Entry) ([]byte, error) {
 // ledger's: the ledger is the truth, and later calls with other
 // parameters get ErrConflict from Redis at once.
 func ledgerRecord(e *Entry, token string, n int64) (record []byte, free func()) {
-	st := byte('d')
+	st := recordDone
 	if e.Failed {
-		st = 'f'
+		st = recordFailed
 	}
 	return finishedRecord(st, e.Fingerprint, token, n, e.Value)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 )
 
 // memLedger is an idem.Ledger kept in memory: a stand-in for a database in
@@ -90,10 +91,10 @@ func (l *memLedger) changes(key string) int {
 }
 
 func TestLedgerCommitReplays(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
-		c := b.idem(t, idem.WithLedger(l))
+		c := b.Idem(t, idem.WithLedger(l))
 		var runs atomic.Int64
 		fn := func(ctx context.Context) ([]byte, error) {
 			runs.Add(1)
@@ -119,10 +120,10 @@ func TestLedgerCommitReplays(t *testing.T) {
 // next call runs fn as attempt 1, its commit meets the ledger's unique key,
 // and Do returns the recorded outcome; the change stays applied once.
 func TestLedgerRedisLostTheRecord(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
-		c := b.idem(t, idem.WithLedger(l))
+		c := b.Idem(t, idem.WithLedger(l))
 		var runs atomic.Int64
 		fn := func(ctx context.Context) ([]byte, error) {
 			n := runs.Add(1)
@@ -132,7 +133,7 @@ func TestLedgerRedisLostTheRecord(t *testing.T) {
 		if got, err := c.Do(ctx, "k", "fp", fn); err != nil || string(got) != "receipt-1" {
 			t.Fatalf("first call: %q, %v", got, err)
 		}
-		b.do(t, "FLUSHALL")
+		b.Do(t, "FLUSHALL")
 		got, err := c.Do(ctx, "k", "fp", fn)
 		if err != nil || string(got) != "receipt-1" {
 			t.Fatalf("after FLUSHALL: got %q, %v; want the recorded receipt-1", got, err)
@@ -146,7 +147,7 @@ func TestLedgerRedisLostTheRecord(t *testing.T) {
 			t.Fatalf("third call: %q, %v, runs %d", got, err, runs.Load())
 		}
 		// Other parameters, after another loss: a conflict, from the ledger.
-		b.do(t, "FLUSHALL")
+		b.Do(t, "FLUSHALL")
 		if _, err := c.Do(ctx, "k", "other", fn); !errors.Is(err, idem.ErrConflict) {
 			t.Fatalf("other fingerprint after FLUSHALL: %v; want ErrConflict", err)
 		}
@@ -168,14 +169,14 @@ func TestLedgerRedisLostTheRecord(t *testing.T) {
 // progress until the lease ends, then the next caller takes over, finds
 // the outcome in the ledger and returns it without running fn.
 func TestLedgerTakeoverFindsTheCommit(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
 		lease := time.Second
-		c := b.idem(t, idem.WithLedger(l), idem.WithLease(lease), idem.WithWait(0))
+		c := b.Idem(t, idem.WithLedger(l), idem.WithLease(lease), idem.WithWait(0))
 		// What a dead owner left: its commit, and its claim in Redis.
 		var first idem.Entry
-		dead := b.idem(t, idem.WithLedger(l), idem.WithLease(lease))
+		dead := b.Idem(t, idem.WithLedger(l), idem.WithLease(lease))
 		_, err := dead.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
 			p, err := idem.PendingFrom(ctx)
 			if err != nil {
@@ -192,11 +193,11 @@ func TestLedgerTakeoverFindsTheCommit(t *testing.T) {
 		l.mu.Lock()
 		l.entries["k"], l.applied["k"] = first, 1
 		l.mu.Unlock()
-		b.do(t, "SET", "idem:{k}", inProgress("dead-owner", 2, time.Hour, lease), "PX", time.Hour.Milliseconds())
+		b.Do(t, "SET", "idem:{k}", idemtest.InProgress("dead-owner", 2, time.Hour, lease), "PX", time.Hour.Milliseconds())
 		if _, err := c.Do(ctx, "k", "fp", l.fnFails(t)); !errors.Is(err, idem.ErrInProgress) {
 			t.Fatalf("during the dead owner's lease: %v; want ErrInProgress", err)
 		}
-		b.advance(t, lease+100*time.Millisecond)
+		b.Advance(t, lease+100*time.Millisecond)
 		got, err := c.Do(ctx, "k", "fp", l.fnFails(t))
 		if err != nil || string(got) != "receipt-1" {
 			t.Fatalf("takeover: %q, %v; want receipt-1 from the ledger", got, err)
@@ -204,7 +205,7 @@ func TestLedgerTakeoverFindsTheCommit(t *testing.T) {
 		if n := l.lookups.Load(); n != 1 {
 			t.Fatalf("%d lookups; want 1", n)
 		}
-		st := faultStatus(t, b, "k")
+		st := idemtest.Status(t, b, "k")
 		if st.State != idem.StateDone || st.Attempt != 3 {
 			t.Fatalf("status %+v; want done by attempt 3", st)
 		}
@@ -229,11 +230,11 @@ func (l *memLedger) fnFails(t *testing.T) func(context.Context) ([]byte, error) 
 // the second commits first; the first one's commit finds it, applies
 // nothing, and both return the second's outcome.
 func TestLedgerTwoLiveOwners(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
-		a := b.idem(t, idem.WithLedger(l))
-		bc := b.idem(t, idem.WithLedger(l))
+		a := b.Idem(t, idem.WithLedger(l))
+		bc := b.Idem(t, idem.WithLedger(l))
 		started, proceed := make(chan struct{}), make(chan struct{})
 		var aErr atomic.Pointer[error]
 		type result struct {
@@ -252,7 +253,7 @@ func TestLedgerTwoLiveOwners(t *testing.T) {
 			aDone <- result{v, err}
 		}()
 		<-started
-		b.do(t, "DEL", "idem:{k}") // A's record is lost
+		b.Do(t, "DEL", "idem:{k}") // A's record is lost
 		v, err := bc.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
 			return []byte("from-B"), commit(ctx, l, []byte("from-B"))
 		})
@@ -283,10 +284,10 @@ type ledgerReceipt struct {
 }
 
 func TestLedgerTyped(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
-		c := b.idem(t, idem.WithLedger(l))
+		c := b.Idem(t, idem.WithLedger(l))
 		want := ledgerReceipt{ID: "r1", Amount: 100, Tags: []string{}}
 		got, err := idem.Do(ctx, c, "k", "fp", func(ctx context.Context) (ledgerReceipt, error) {
 			return want, commit(ctx, l, want)
@@ -296,7 +297,7 @@ func TestLedgerTyped(t *testing.T) {
 		}
 		// Found: Redis lost the record; the second call's commit meets the
 		// first's, and its Do decodes the recorded receipt.
-		b.do(t, "FLUSHALL")
+		b.Do(t, "FLUSHALL")
 		got, err = idem.Do(ctx, c, "k", "fp", func(ctx context.Context) (ledgerReceipt, error) {
 			r := ledgerReceipt{ID: "r2", Amount: 100}
 			return r, commit(ctx, l, r)
@@ -315,10 +316,10 @@ func TestLedgerTyped(t *testing.T) {
 }
 
 func TestLedgerCommittedFailure(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
-		c := b.idem(t, idem.WithLedger(l))
+		c := b.Idem(t, idem.WithLedger(l))
 		declined := errors.New("card declined")
 		var runs atomic.Int64
 		fn := func(ctx context.Context) (ledgerReceipt, error) {
@@ -335,7 +336,7 @@ func TestLedgerCommittedFailure(t *testing.T) {
 				t.Fatalf("replay: %#v; want the stored failure", err)
 			}
 		}
-		b.do(t, "FLUSHALL")
+		b.Do(t, "FLUSHALL")
 		_, err := idem.Do(ctx, c, "k", "fp", fn)
 		var se *idem.StoredError
 		if !errors.As(err, &se) || se.Code != "card_declined" {
@@ -351,20 +352,20 @@ func TestLedgerCommittedFailure(t *testing.T) {
 // one call, after fn returned, of a value too large or of another type:
 // each a clear error, nothing committed.
 func TestLedgerCommitRefused(t *testing.T) {
-	b := newMiniredis(t)
+	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := newMemLedger()
 	if err := commit(ctx, l, []byte("x")); !errors.Is(err, idem.ErrNoLedger) || !strings.Contains(err.Error(), "not inside") {
 		t.Fatalf("outside Do: %v", err)
 	}
-	plain := b.idem(t)
+	plain := b.Idem(t)
 	_, err := plain.Do(ctx, "k", "", func(ctx context.Context) ([]byte, error) {
 		return nil, commit(ctx, l, []byte("x"))
 	})
 	if !errors.Is(err, idem.ErrNoLedger) || !strings.Contains(err.Error(), "WithLedger") {
 		t.Fatalf("Client without a ledger: %v", err)
 	}
-	c := b.idem(t, idem.WithLedger(l), idem.WithMaxResultSize(8))
+	c := b.Idem(t, idem.WithLedger(l), idem.WithMaxResultSize(8))
 	var second error
 	var left context.Context
 	_, err = c.Do(ctx, "twice", "", func(ctx context.Context) ([]byte, error) {
@@ -401,17 +402,17 @@ func TestLedgerCommitRefused(t *testing.T) {
 // A failing lookup leaves fn unrun and the key released: the next call
 // with a working ledger runs fn.
 func TestLedgerLookupFails(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
-		c := b.idem(t, idem.WithLedger(l), idem.WithLedgerLookups(true))
+		c := b.Idem(t, idem.WithLedger(l), idem.WithLedgerLookups(true))
 		boom := errors.New("database down")
 		l.fail.Store(&boom)
 		_, err := c.Do(ctx, "k", "fp", l.fnFails(t))
 		if !errors.Is(err, boom) || errors.Is(err, idem.ErrNotRecorded) {
 			t.Fatalf("lookup failed: %v; want the database's error", err)
 		}
-		faultWantStatus(t, b, "k", idem.StateReleased, 1)
+		idemtest.WantStatus(t, b, "k", idem.StateReleased, 1)
 		l.fail.Store(nil)
 		got, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
 			a, _ := idem.AttemptFrom(ctx)
@@ -429,10 +430,10 @@ func TestLedgerLookupFails(t *testing.T) {
 
 // Once the commit is in, fn's own later error does not undo it.
 func TestLedgerErrorAfterCommit(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
-		c := b.idem(t, idem.WithLedger(l), idem.WithLogger(nil))
+		c := b.Idem(t, idem.WithLedger(l), idem.WithLogger(nil))
 		got, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
 			if err := commit(ctx, l, []byte("done")); err != nil {
 				return nil, err
@@ -442,33 +443,33 @@ func TestLedgerErrorAfterCommit(t *testing.T) {
 		if err != nil || string(got) != "done" {
 			t.Fatalf("got %q, %v; want the committed outcome", got, err)
 		}
-		faultWantStatus(t, b, "k", idem.StateDone, 1)
+		idemtest.WantStatus(t, b, "k", idem.StateDone, 1)
 	})
 }
 
 // Redis fails after the commit: Do still returns the committed outcome (it
 // is recorded), and the next caller finishes the record from the ledger.
 func TestLedgerCompletionFailsAfterCommit(t *testing.T) {
-	b := newMiniredis(t)
+	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := newMemLedger()
 	lease := time.Second
-	c := b.idem(t, idem.WithLedger(l), idem.WithLease(lease), idem.WithStoreTimeout(200*time.Millisecond), idem.WithLogger(nil))
+	c := b.Idem(t, idem.WithLedger(l), idem.WithLease(lease), idem.WithStoreTimeout(200*time.Millisecond), idem.WithLogger(nil))
 	got, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
 		err := commit(ctx, l, []byte("done"))
-		b.mr.SetError("LOADING Redis is loading the dataset in memory")
+		b.MR.SetError("LOADING Redis is loading the dataset in memory")
 		return []byte("done"), err
 	})
-	b.mr.SetError("")
+	b.MR.SetError("")
 	if err != nil || string(got) != "done" {
 		t.Fatalf("got %q, %v; want the committed outcome without error", got, err)
 	}
-	b.advance(t, lease+100*time.Millisecond)
+	b.Advance(t, lease+100*time.Millisecond)
 	got, err = c.Do(ctx, "k", "fp", l.fnFails(t))
 	if err != nil || string(got) != "done" {
 		t.Fatalf("next caller: %q, %v", got, err)
 	}
-	faultWantStatus(t, b, "k", idem.StateDone, 2)
+	idemtest.WantStatus(t, b, "k", idem.StateDone, 2)
 	if l.changes("k") != 1 {
 		t.Fatalf("changes %d", l.changes("k"))
 	}
@@ -476,14 +477,14 @@ func TestLedgerCompletionFailsAfterCommit(t *testing.T) {
 
 // 30 concurrent callers with one key: one change, one outcome for all.
 func TestLedgerConcurrentCallers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
 		var runs atomic.Int64
 		var wg sync.WaitGroup
 		got := make([]string, 30)
 		for i := range got {
-			c := b.idem(t, idem.WithLedger(l), idem.WithWait(30*time.Second))
+			c := b.Idem(t, idem.WithLedger(l), idem.WithWait(30*time.Second))
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -514,9 +515,9 @@ func TestLedgerConcurrentCallers(t *testing.T) {
 // ledger through the Pending (idemsql.Commit's case: its table is the
 // ledger's).
 func TestLedgerPendingNamesTheLedger(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		l := newMemLedger()
-		c := b.idem(t, idem.WithLedger(l))
+		c := b.Idem(t, idem.WithLedger(l))
 		_, err := c.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
 			p, err := idem.PendingFrom(ctx)
 			if err != nil {
@@ -536,10 +537,10 @@ func TestLedgerPendingNamesTheLedger(t *testing.T) {
 // fn that swallows a failed commit and returns success does not get its
 // result stored: the ledger has no row, so Redis must not have one either.
 func TestLedgerSuccessAfterFailedCommit(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
-		c := b.idem(t, idem.WithLedger(l))
+		c := b.Idem(t, idem.WithLedger(l))
 		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
 			p, err := idem.PendingFrom(ctx)
 			if err != nil {
@@ -554,7 +555,7 @@ func TestLedgerSuccessAfterFailedCommit(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "ledger commit did not complete") {
 			t.Fatalf("Do: %v; want an error saying the commit did not complete", err)
 		}
-		faultWantStatus(t, b, "k", idem.StateReleased, 1)
+		idemtest.WantStatus(t, b, "k", idem.StateReleased, 1)
 		got, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
 			return []byte("kept"), commit(ctx, l, []byte("kept"))
 		})

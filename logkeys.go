@@ -37,32 +37,6 @@ func (c *Client) warnKey(ctx context.Context, msg, key string, err error) {
 	c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, msg, c.LogAttrs(key, err)...)
 }
 
-// warnRecord logs a warning about the record whose Redis key is record.
-func (c *Client) warnRecord(msg, record string, err error) {
-	c.warnKey(context.Background(), msg, c.keyOf(record), err)
-}
-
-// keyOf returns the idempotency key whose record is at the Redis key
-// record (see keys): what is inside the hash tag, unescaped.
-func (c *Client) keyOf(record string) string {
-	inner := record[len(c.cfg.prefix)+2 : len(record)-1]
-	if strings.IndexByte(inner, '\\') < 0 {
-		return inner
-	}
-	var b strings.Builder
-	for i := 0; i < len(inner); i++ {
-		if inner[i] == '\\' && i+1 < len(inner) {
-			i++
-			if inner[i] == 'c' {
-				b.WriteByte('}')
-				continue
-			}
-		}
-		b.WriteByte(inner[i])
-	}
-	return b.String()
-}
-
 // redact returns err with key in its message replaced by its digest: the
 // quoted key wherever it is, the key as it is when 8 bytes or longer
 // (shorter ones would match ordinary words). The result wraps err, so

@@ -37,13 +37,16 @@ type config struct {
 	problems      []string
 }
 
+// defaultPipelines is the default of WithPipelines.
+const defaultPipelines = 4
+
 func defaultConfig() config {
 	return config{
 		prefix:        "idem",
 		retention:     24 * time.Hour,
 		lease:         30 * time.Second,
 		wait:          10 * time.Second,
-		pollInterval:  500 * time.Millisecond,
+		pollInterval:  500 * time.Millisecond, // a waiter's longest pause between polls
 		storeTimeout:  10 * time.Second,
 		maxKeyLen:     512,
 		maxResultSize: 1 << 20,
@@ -131,21 +134,6 @@ func WithWait(d time.Duration) Option {
 			return
 		}
 		c.wait = d
-	}
-}
-
-// WithPollInterval sets the longest pause between two checks of a waiting
-// duplicate. Waiters are woken by Redis pub/sub; polling, with jittered
-// backoff up to this interval and never past the owner's lease, is the
-// fallback for lost notifications. It must be at least 1ms.
-// The default is 500 milliseconds.
-func WithPollInterval(d time.Duration) Option {
-	return func(c *config) {
-		if d < time.Millisecond {
-			c.problem("WithPollInterval(%v): must be at least 1ms", d)
-			return
-		}
-		c.pollInterval = d
 	}
 }
 
@@ -240,16 +228,13 @@ func WithReplicas(n int, timeout time.Duration) Option {
 
 // WithPipelines sets how many pipelines of scripts the Client keeps in
 // flight at once (per master on a Redis Cluster). A call that finds fewer
-// in flight and none queued sends its script at once, as a plain EVALSHA;
+// in flight and none queued sends its script alone, with its own context;
 // otherwise it queues, and the next pipeline carries every queued call's
-// script (up to 256): concurrent calls share round trips, and the server
-// and the client spend less on each call. Each call keeps its own reply,
-// its own errors and its own context: a call whose context ends while it
-// waits returns then. A pipeline in flight for 50ms stops counting against
-// n, so a reply held up holds up only its own calls. 0 turns this off: every script goes alone, on a
-// pooled connection of its own, as go-redis sends it. With WithReplicas,
-// claims and completions go alone, each followed by its WAIT. n must not
-// be negative; at most 64 pipelines are in flight, slow ones included.
+// script, each call keeping its own reply, errors and context. A shared
+// pipeline runs with a context that carries no caller's values, so go-redis
+// hooks (tracing) never see one request's values on another's scripts.
+// With WithReplicas, claims and completions go alone. 0 sends every script
+// alone; n must not be negative.
 // The default is 4.
 func WithPipelines(n int) Option {
 	return func(c *config) {
@@ -308,4 +293,46 @@ func WithTombstones(d time.Duration) Option {
 		}
 		c.tombstones = d
 	}
+}
+
+// WithObserver adds an Observer that receives an Event for every step and
+// outcome of every call of Do (see Event). It may be given more than once:
+// each observer gets every event, in the order they were given. Without
+// observers, calls take no notes: they cost no allocation and no clock
+// reading more.
+// The default is no observer.
+func WithObserver(o Observer) Option {
+	return func(c *config) {
+		if o == nil {
+			c.problem("WithObserver(nil): give an Observer")
+			return
+		}
+		c.observers = append(c.observers, o)
+	}
+}
+
+// WithEventKeySecret sets the secret of the keyed digest (HMAC-SHA256)
+// that stands for the key in events (Event.Key): keys may carry personal
+// or guessable data, which a plain hash would not hide. Give every
+// instance of a service the same secret, at least 16 bytes (32 random
+// bytes, say), so that their digests of one key agree and can be matched
+// across logs and traces.
+// The default is a random secret per process: digests agree within a
+// process only.
+func WithEventKeySecret(secret []byte) Option {
+	return func(c *config) {
+		if len(secret) < 16 {
+			c.problem("WithEventKeySecret: the secret has %d bytes, want at least 16", len(secret))
+			return
+		}
+		c.eventSecret = append([]byte(nil), secret...)
+	}
+}
+
+// WithRawEventKeys makes events carry the key itself (Event.RawKey) as well
+// as its digest. Turn it on only where keys are not sensitive and the
+// observer's output (logs, traces) is as private as Redis.
+// The default is false: events carry the digest only.
+func WithRawEventKeys(raw bool) Option {
+	return func(c *config) { c.rawEventKeys = raw }
 }

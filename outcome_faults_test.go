@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -25,35 +26,34 @@ import (
 // go-redis has none left) is a no-op that succeeds: Do returns the result,
 // fn ran once.
 func TestCompletionReplyLost(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
-	complete := faultConnScript(t, "complete")
+	b := idemtest.FaultRedis(t, redistest.Config{})
+	complete := idemtest.IsScript(t, "complete")
 	ctx := context.Background()
-	var l ledger
+	var l idemtest.Runs
 
 	for _, tc := range []struct {
 		name string
 		ro   func(*redis.Options)
 	}{
 		{"go-redis retries", nil},
-		{"Do retries", noRetry},
+		{"Do retries", idemtest.NoRetry},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := tc.name
-			count, completions := faultCount(complete)
+			count, completions := idemtest.Count(complete)
 			in := faultconn.New(count, faultconn.Rule{Match: complete, Nth: 1, Action: faultconn.DropReply})
-			c := faultyClient(t, b, in, tc.ro)
+			c := idemtest.Faulty(t, b, in, tc.ro)
 			// A waiter in another Client gets the result too.
-			waiter := b.idem(t)
+			waiter := b.Idem(t)
 			finishGate := make(chan struct{})
 			out := make(chan [2]any, 1)
 			go func() {
 				<-finishGate
-				res, err := waiter.Do(ctx, key, "fp", l.fn("waiter"))
+				res, err := waiter.Do(ctx, key, "fp", l.Fn("waiter"))
 				out <- [2]any{string(res), err}
 			}()
 			res, err := c.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
-				a := l.add(ctx)
+				a := l.Add(ctx)
 				close(finishGate)
 				time.Sleep(20 * time.Millisecond) // let the waiter find the key busy
 				return []byte(fmt.Sprint("ok#", a.Number)), nil
@@ -70,9 +70,9 @@ func TestCompletionReplyLost(t *testing.T) {
 			if got := <-out; got[1] != nil || got[0] != "ok#1" {
 				t.Fatalf("waiter: got %v, want ok#1", got)
 			}
-			faultRuns(t, &l, key, "[1]")
-			faultWantStatus(t, b, key, idem.StateDone, 1)
-			faultReplay(t, b, key, "ok#1", &l)
+			l.Want(t, key, "[1]")
+			idemtest.WantStatus(t, b, key, idem.StateDone, 1)
+			idemtest.Replay(t, b, key, "ok#1", &l)
 		})
 	}
 
@@ -80,17 +80,17 @@ func TestCompletionReplyLost(t *testing.T) {
 	// but Do cannot know it and says it may not be. Nothing runs twice.
 	t.Run("every reply lost", func(t *testing.T) {
 		in := faultconn.New(faultconn.Rule{Match: complete, Action: faultconn.DropReply})
-		c := faultyClient(t, b, in, noRetry, idem.WithStoreTimeout(200*time.Millisecond))
-		res, err := c.Do(ctx, "all", "fp", l.fn("ok"))
+		c := idemtest.Faulty(t, b, in, idemtest.NoRetry, idem.WithStoreTimeout(200*time.Millisecond))
+		res, err := c.Do(ctx, "all", "fp", l.Fn("ok"))
 		if !errors.Is(err, idem.ErrNotRecorded) || string(res) != "ok#1" {
 			t.Fatalf("got %q, %v; want fn's result with ErrNotRecorded", res, err)
 		}
 		if n := in.Hits(); n < 2 {
 			t.Fatalf("the completion was tried %d times, want retries", n)
 		}
-		faultWantStatus(t, b, "all", idem.StateDone, 1)
-		faultReplay(t, b, "all", "ok#1", &l)
-		faultRuns(t, &l, "all", "[1]")
+		idemtest.WantStatus(t, b, "all", idem.StateDone, 1)
+		idemtest.Replay(t, b, "all", "ok#1", &l)
+		l.Want(t, "all", "[1]")
 	})
 }
 
@@ -98,18 +98,18 @@ func TestCompletionReplyLost(t *testing.T) {
 // recorded must leave: the key stays claimed (a call that does not wait
 // gets ErrInProgress), and once the lease has ended the next call runs fn
 // as attempt 2.
-func faultTakeoverAfterLease(t *testing.T, b *backend, key string, lease time.Duration, l *ledger) {
+func faultTakeoverAfterLease(t *testing.T, b *idemtest.Backend, key string, lease time.Duration, l *idemtest.Runs) {
 	t.Helper()
 	ctx := context.Background()
-	st := faultWantStatus(t, b, key, idem.StateInProgress, 1)
-	_, err := b.idem(t, idem.WithWait(0), idem.WithLease(lease)).Do(ctx, key, "fp", l.fn("too-early"))
+	st := idemtest.WantStatus(t, b, key, idem.StateInProgress, 1)
+	_, err := b.Idem(t, idem.WithWait(0), idem.WithLease(lease)).Do(ctx, key, "fp", l.Fn("too-early"))
 	if !errors.Is(err, idem.ErrInProgress) {
 		t.Fatalf("during the lease: got %v, want ErrInProgress", err)
 	}
 	var started time.Time
-	res, err := b.idem(t, idem.WithWait(5*lease), idem.WithLease(lease)).Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
+	res, err := b.Idem(t, idem.WithWait(5*lease), idem.WithLease(lease)).Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
 		started = time.Now()
-		a := l.add(ctx)
+		a := l.Add(ctx)
 		return []byte(fmt.Sprint("next#", a.Number)), nil
 	})
 	if err != nil || string(res) != "next#2" {
@@ -131,14 +131,13 @@ func TestStoreFailsAfterFnRan(t *testing.T) {
 	// The connection is cut before every completion (but not before a
 	// release): a Do that gave the key back would leave it released.
 	t.Run("connection cut", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{})
-		faultLoadScripts(t, b)
-		complete := faultConnScript(t, "complete")
-		count, completions := faultCount(complete)
+		b := idemtest.FaultRedis(t, redistest.Config{})
+		complete := idemtest.IsScript(t, "complete")
+		count, completions := idemtest.Count(complete)
 		in := faultconn.New(count, faultconn.Rule{Match: complete, Action: faultconn.CloseBefore})
-		c := faultyClient(t, b, in, nil, idem.WithLease(lease), idem.WithStoreTimeout(300*time.Millisecond))
-		var l ledger
-		res, err := c.Do(ctx, "k", "fp", l.fn("ok"))
+		c := idemtest.Faulty(t, b, in, nil, idem.WithLease(lease), idem.WithStoreTimeout(300*time.Millisecond))
+		var l idemtest.Runs
+		res, err := c.Do(ctx, "k", "fp", l.Fn("ok"))
 		if !errors.Is(err, idem.ErrNotRecorded) || string(res) != "ok#1" {
 			t.Fatalf("got %q, %v; want fn's result with ErrNotRecorded", res, err)
 		}
@@ -147,47 +146,47 @@ func TestStoreFailsAfterFnRan(t *testing.T) {
 			t.Fatalf("the completion was sent %d times: Do did not retry it", n)
 		}
 		faultTakeoverAfterLease(t, b, "k", lease, &l)
-		faultRuns(t, &l, "k", "[1 2]")
+		l.Want(t, "k", "[1 2]")
 	})
 
 	// Redis runs out of memory inside fn, and the result is large: the
 	// completion's HSET is refused.
 	t.Run("out of memory", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{})
-		c := b.idem(t, idem.WithLease(lease), idem.WithStoreTimeout(300*time.Millisecond))
-		var l ledger
+		b := idemtest.Redis(t, redistest.Config{})
+		c := b.Idem(t, idem.WithLease(lease), idem.WithStoreTimeout(300*time.Millisecond))
+		var l idemtest.Runs
 		big := make([]byte, 512<<10)
 		res, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
-			used := faultInfo(t, b, "memory", "used_memory")
-			b.do(t, "CONFIG", "SET", "maxmemory", used+256<<10)
+			l.Add(ctx)
+			used := idemtest.Info(t, b, "memory", "used_memory")
+			b.Do(t, "CONFIG", "SET", "maxmemory", used+256<<10)
 			return big, nil
 		})
-		b.do(t, "CONFIG", "SET", "maxmemory", 0)
+		b.Do(t, "CONFIG", "SET", "maxmemory", 0)
 		if !errors.Is(err, idem.ErrNotRecorded) || !strings.Contains(err.Error(), "OOM") || len(res) != len(big) {
 			t.Fatalf("got %d bytes, %v; want fn's result with ErrNotRecorded naming OOM", len(res), err)
 		}
 		faultTakeoverAfterLease(t, b, "k", lease, &l)
-		faultRuns(t, &l, "k", "[1 2]")
+		l.Want(t, "k", "[1 2]")
 	})
 
 	// The server dies inside fn and comes back with its append-only file:
 	// the claim is still there, unreleased.
 	t.Run("server killed", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{AppendOnly: true})
-		c := b.idem(t, idem.WithLease(lease), idem.WithStoreTimeout(200*time.Millisecond))
-		var l ledger
+		b := idemtest.Redis(t, redistest.Config{AppendOnly: true})
+		c := b.Idem(t, idem.WithLease(lease), idem.WithStoreTimeout(200*time.Millisecond))
+		var l idemtest.Runs
 		res, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
-			b.srv.Kill()
+			l.Add(ctx)
+			b.Srv.Kill()
 			return []byte("ok"), nil
 		})
 		if !errors.Is(err, idem.ErrNotRecorded) || string(res) != "ok" {
 			t.Fatalf("got %q, %v; want fn's result with ErrNotRecorded", res, err)
 		}
-		b.srv.Restart(t)
+		b.Srv.Restart(t)
 		faultTakeoverAfterLease(t, b, "k", lease, &l)
-		faultRuns(t, &l, "k", "[1 2]")
+		l.Want(t, "k", "[1 2]")
 	})
 }
 
@@ -197,11 +196,10 @@ func TestStoreFailsAfterFnRan(t *testing.T) {
 // (ContextTimeoutEnabled) and every completion's reply is slow, so a
 // completion that used the caller's context would fail.
 func TestOwnerContextEndsDuringFn(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
-	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "complete"), Action: faultconn.DelayReply, Delay: 150 * time.Millisecond})
-	c := faultyClient(t, b, in, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
-	var l ledger
+	b := idemtest.FaultRedis(t, redistest.Config{})
+	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "complete"), Action: faultconn.DelayReply, Delay: 150 * time.Millisecond})
+	c := idemtest.Faulty(t, b, in, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	var l idemtest.Runs
 
 	for _, tc := range []struct {
 		name string
@@ -235,16 +233,16 @@ func TestOwnerContextEndsDuringFn(t *testing.T) {
 			ctx, cancel := tc.ctx()
 			defer cancel()
 			res, err := c.Do(ctx, key, "fp", func(fctx context.Context) ([]byte, error) {
-				a := l.add(fctx)
+				a := l.Add(fctx)
 				tc.fn(fctx, cancel)
 				return []byte(fmt.Sprint("r#", a.Number)), nil
 			})
 			if err != nil || string(res) != "r#1" {
 				t.Fatalf("got %q, %v; want r#1 recorded", res, err)
 			}
-			faultWantStatus(t, b, key, idem.StateDone, 1)
-			faultReplay(t, b, key, "r#1", &l)
-			faultRuns(t, &l, key, "[1]")
+			idemtest.WantStatus(t, b, key, idem.StateDone, 1)
+			idemtest.Replay(t, b, key, "r#1", &l)
+			l.Want(t, key, "[1]")
 		})
 	}
 
@@ -259,7 +257,7 @@ func TestOwnerContextEndsDuringFn(t *testing.T) {
 			key := fmt.Sprint("random-", i)
 			if rng.IntN(2) == 0 {
 				in.Reset()
-				in.Add(faultconn.Rule{Match: faultConnScript(t, "complete"), Action: faultconn.DelayReply,
+				in.Add(faultconn.Rule{Match: idemtest.IsScript(t, "complete"), Action: faultconn.DelayReply,
 					Delay: time.Duration(rng.IntN(20)) * time.Millisecond})
 			}
 			timeout := time.Duration(rng.IntN(8000)) * time.Microsecond
@@ -268,7 +266,7 @@ func TestOwnerContextEndsDuringFn(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			var ret string // what fn returned: a result, "error", or "" if it did not run
 			res, err := c.Do(ctx, key, "fp", func(fctx context.Context) ([]byte, error) {
-				a := l.add(fctx)
+				a := l.Add(fctx)
 				select {
 				case <-time.After(work):
 				case <-fctx.Done():
@@ -282,12 +280,12 @@ func TestOwnerContextEndsDuringFn(t *testing.T) {
 				return []byte(ret), nil
 			})
 			cancel()
-			st := faultStatus(t, b, key)
+			st := idemtest.Status(t, b, key)
 			what := fmt.Sprintf("key %s (timeout %v, work %v, obey %v): Do got %q, %v; state %v",
 				key, timeout, work, obey, res, err, st.State)
 			switch ret {
 			case "":
-				if err == nil || l.count(key) != 0 {
+				if err == nil || l.Count(key) != 0 {
 					t.Fatalf("%s; fn did not run, want an error", what)
 				}
 				// A claim made after the deadline is given back in the
@@ -295,7 +293,7 @@ func TestOwnerContextEndsDuringFn(t *testing.T) {
 				deadline := time.Now().Add(5 * time.Second)
 				for st.State == idem.StateInProgress && time.Now().Before(deadline) {
 					time.Sleep(5 * time.Millisecond)
-					st = faultStatus(t, b, key)
+					st = idemtest.Status(t, b, key)
 				}
 				if st.State != idem.StateAbsent && st.State != idem.StateReleased {
 					t.Fatalf("%s; want the claim not made or given back (now %v)", what, st.State)
@@ -308,9 +306,9 @@ func TestOwnerContextEndsDuringFn(t *testing.T) {
 				if err != nil || string(res) != ret || st.State != idem.StateDone {
 					t.Fatalf("%s; want fn's result %q, recorded", what, ret)
 				}
-				faultReplay(t, b, key, ret, &l)
+				idemtest.Replay(t, b, key, ret, &l)
 			}
-			if n := l.count(key); n > 1 {
+			if n := l.Count(key); n > 1 {
 				t.Fatalf("%s; fn ran %d times", what, n)
 			}
 		}
@@ -324,18 +322,18 @@ func TestOwnerContextEndsDuringFn(t *testing.T) {
 func TestPanicWakesWaiters(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // runs after the other cleanups
-	b := newRedis(t, redistest.Config{})
-	owner := b.idem(t)
-	other := b.idem(t, idem.WithWait(wakeBudget))
+	b := idemtest.Redis(t, redistest.Config{})
+	owner := b.Idem(t)
+	other := b.Idem(t, idem.WithWait(wakeBudget))
 	idem.NoPolling(other)
-	var l ledger
+	var l idemtest.Runs
 	type boom struct{ why string }
 	inFn, explode := make(chan struct{}), make(chan struct{})
 	recovered := make(chan any, 1)
 	go func() {
 		defer func() { recovered <- recover() }()
 		_, _ = owner.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
+			l.Add(ctx)
 			close(inFn)
 			<-explode
 			panic(boom{"fn exploded"})
@@ -344,7 +342,7 @@ func TestPanicWakesWaiters(t *testing.T) {
 	<-inFn
 	outOther := waitFor(other, "k", &l)
 	outSame := waitFor(owner, "k", &l)
-	eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(other) == 1 })
+	idemtest.Eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(other) == 1 })
 	time.Sleep(20 * time.Millisecond) // let the confirmation's recheck pass
 	t0 := time.Now()
 	close(explode)
@@ -358,26 +356,26 @@ func TestPanicWakesWaiters(t *testing.T) {
 	if gotOther[1] != nil || gotSame[1] != nil || gotOther[0] != "waiter#2" || gotSame[0] != "waiter#2" {
 		t.Fatalf("waiters got %v and %v; want both waiter#2", gotOther, gotSame)
 	}
-	faultRuns(t, &l, "k", "[1 2]")
+	l.Want(t, "k", "[1 2]")
 }
 
 // Row 17, literally: a 10 MiB result against a 1 MiB cap. It is stored as a
 // permanent failure (never run again); the 10 MiB never reach Redis, and
 // the notification carries the small failure record, not the result.
 func TestHugeResult(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	c := b.idem(t, idem.WithMaxResultSize(1<<20))
+	b := idemtest.Redis(t, redistest.Config{})
+	c := b.Idem(t, idem.WithMaxResultSize(1<<20))
 	ctx := context.Background()
-	var l ledger
-	ps := b.client(t).Subscribe(ctx, idem.ChannelKey(c, "huge"))
+	var l idemtest.Runs
+	ps := b.Client(t).Subscribe(ctx, idem.ChannelKey(c, "huge"))
 	defer ps.Close()
 	if _, err := ps.ReceiveTimeout(ctx, 5*time.Second); err != nil {
 		t.Fatalf("subscribe: %v", err)
 	}
-	in0 := faultInfo(t, b, "stats", "total_net_input_bytes")
+	in0 := idemtest.Info(t, b, "stats", "total_net_input_bytes")
 
 	huge := func(ctx context.Context) ([]byte, error) {
-		l.add(ctx)
+		l.Add(ctx)
 		return make([]byte, 10<<20), nil
 	}
 	res, err := c.Do(ctx, "huge", "fp", huge)
@@ -391,16 +389,16 @@ func TestHugeResult(t *testing.T) {
 	if msg, ok := m.(*redis.Message); !ok || len(msg.Payload) > 4096 || !strings.Contains(msg.Payload, "10485760 bytes") {
 		t.Fatalf("notification %T %.100v, want the failure record, at most 4096 bytes", m, m)
 	}
-	if in := faultInfo(t, b, "stats", "total_net_input_bytes") - in0; in > 64<<10 {
+	if in := idemtest.Info(t, b, "stats", "total_net_input_bytes") - in0; in > 64<<10 {
 		t.Fatalf("Redis received %d bytes for the call: the result was sent", in)
 	}
-	if n := b.do(t, "MEMORY", "USAGE", idem.RecordKey(c, "huge")).(int64); n > 4<<10 {
+	if n := b.Do(t, "MEMORY", "USAGE", idem.RecordKey(c, "huge")).(int64); n > 4<<10 {
 		t.Fatalf("the record takes %d bytes", n)
 	}
-	_, err = b.idem(t).Do(ctx, "huge", "fp", huge)
+	_, err = b.Idem(t).Do(ctx, "huge", "fp", huge)
 	var se *idem.StoredError
 	if !errors.As(err, &se) || !strings.Contains(se.Message, "10485760 bytes") {
 		t.Fatalf("replay: got %v, want the stored failure naming the size", err)
 	}
-	faultRuns(t, &l, "huge", "[1]")
+	l.Want(t, "huge", "[1]")
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 )
 
@@ -15,13 +16,13 @@ import (
 // periodic check (every minute; here every 200ms), once per change, and
 // by Check.
 func TestEvictionPolicyRechecked(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	var logs syncBuffer
-	c := idem.New(b.client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+	c := idem.New(b.Client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
 		idem.WithPolicyCheckEvery(200*time.Millisecond))
 	defer c.Close()
 	ctx := context.Background()
-	if err := c.Check(ctx); err != nil {
+	if _, err := c.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second) // checks of noeviction: nothing to say
@@ -29,28 +30,28 @@ func TestEvictionPolicyRechecked(t *testing.T) {
 		t.Fatalf("noeviction logged %q", s)
 	}
 
-	b.do(t, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
-	eventually(t, 10*time.Second, "a warning naming allkeys-lru", func() bool {
+	b.Do(t, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+	idemtest.Eventually(t, 10*time.Second, "a warning naming allkeys-lru", func() bool {
 		return strings.Contains(logs.String(), "maxmemory-policy=allkeys-lru")
 	})
 	time.Sleep(time.Second) // five more checks of the same policy
 	if n := strings.Count(logs.String(), "allkeys-lru"); n != 1 {
 		t.Errorf("allkeys-lru logged %d times, want once:\n%s", n, logs.String())
 	}
-	if err := c.Check(ctx); err == nil || !strings.Contains(err.Error(), "maxmemory-policy is allkeys-lru") {
+	if _, err := c.Check(ctx); err == nil || !strings.Contains(err.Error(), "maxmemory-policy is allkeys-lru") {
 		t.Errorf("Check: %v, want the problem of allkeys-lru", err)
 	}
 
-	b.do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	b.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
 	time.Sleep(time.Second)
-	b.do(t, "CONFIG", "SET", "maxmemory-policy", "volatile-ttl")
-	eventually(t, 10*time.Second, "a warning naming volatile-ttl", func() bool {
+	b.Do(t, "CONFIG", "SET", "maxmemory-policy", "volatile-ttl")
+	idemtest.Eventually(t, 10*time.Second, "a warning naming volatile-ttl", func() bool {
 		return strings.Contains(logs.String(), "maxmemory-policy=volatile-ttl")
 	})
 
 	// A check that cannot be made is said once, not every time.
-	b.srv.Kill()
-	eventually(t, 10*time.Second, "a warning that the policy cannot be checked", func() bool {
+	b.Srv.Kill()
+	idemtest.Eventually(t, 10*time.Second, "a warning that the policy cannot be checked", func() bool {
 		return strings.Contains(logs.String(), "cannot check")
 	})
 	time.Sleep(time.Second)
@@ -61,15 +62,15 @@ func TestEvictionPolicyRechecked(t *testing.T) {
 
 // Close stops the periodic check: nothing is logged after it.
 func TestEvictionPolicyCheckStopsAtClose(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	var logs syncBuffer
-	c := idem.New(b.client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+	c := idem.New(b.Client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
 		idem.WithPolicyCheckEvery(100*time.Millisecond))
 	time.Sleep(300 * time.Millisecond)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b.do(t, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+	b.Do(t, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
 	time.Sleep(time.Second)
 	if s := logs.String(); s != "" {
 		t.Errorf("logged after Close: %q", s)

@@ -4,6 +4,7 @@
 package idem
 
 import (
+	"crypto/rand"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,14 +14,86 @@ import (
 	"unsafe"
 )
 
+// keys returns the Redis keys of key's record and of its notification
+// channel, built in one allocation: <prefix>:{<escaped key>} and the same
+// with ":done" after it. The escaping ('\' to "\\", '}' to "\c") keeps the
+// hash tag non-empty and exactly the key, so the record and its channel
+// always share a cluster slot, whatever bytes the key holds.
+func (c *Client) keys(key string) []string {
+	var b strings.Builder
+	b.Grow(len(c.cfg.prefix) + len(key) + 4 + len(doneSuffix))
+	b.WriteString(c.cfg.prefix)
+	b.WriteString(":{")
+	if strings.IndexByte(key, '\\') >= 0 || strings.IndexByte(key, '}') >= 0 {
+		for i := 0; i < len(key); i++ {
+			switch key[i] {
+			case '\\':
+				b.WriteString(`\\`)
+			case '}':
+				b.WriteString(`\c`)
+			default:
+				b.WriteByte(key[i])
+			}
+		}
+	} else {
+		b.WriteString(key)
+	}
+	b.WriteByte('}')
+	b.WriteString(doneSuffix)
+	ch := b.String()
+	return []string{ch[:len(ch)-len(doneSuffix)], ch}
+}
+
+const doneSuffix = ":done"
+
+// recordKey is the Redis key of key's record.
+func (c *Client) recordKey(key string) string { return c.keys(key)[0] }
+
+// newToken returns a random owner token of 16 bytes.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand documents it)
+	return string(b[:])
+}
+
+// recordVersion is the first byte of every record this version writes
+// and reads.
+const recordVersion = '1'
+
+// recordState is a record's state, its second byte (see lua/record.lua).
+type recordState byte
+
+// The states of a record.
+const (
+	recordInProgress recordState = 'p' // an attempt holds or held the lease
+	recordReleased   recordState = 'r' // the last attempt gave its claim back
+	recordDone       recordState = 'd' // a result is stored
+	recordFailed     recordState = 'f' // a permanent failure is stored
+)
+
+// replyKind says what a claim found: the kind of a claimReply. The letters
+// are those of lua/claim.lua's array replies.
+type replyKind byte
+
+// The kinds of claim replies.
+const (
+	replyClaimed   replyKind = 'c' // the caller owns the key now
+	replyBusy      replyKind = 'b' // another owner holds a live lease
+	replyDone      replyKind = 'd' // a stored result
+	replyFailed    replyKind = 'f' // a stored permanent failure
+	replyConflict  replyKind = 'x' // the key was used with another fingerprint
+	replyLateRetry replyKind = 't' // no record, but its tombstone (WithTombstones)
+	replyBadRecord replyKind = 'v' // a record this version does not understand
+)
+
 // claimReply is a decoded reply of lua/claim.lua.
 type claimReply struct {
-	kind      byte          // 'c' claimed, 'd' done, 'f' failed, 'b' busy, 'x' conflict, 'v' bad record
-	n         int64         // attempt number ('c', 'b')
-	leaseLeft time.Duration // ('c', 'b')
-	payload   string        // result ('d'), message ('f'), reason ('v')
-	owner     string        // the owner's token: of the live lease ('b'; "" from scripts before it was sent), of the finished attempt ('d', 'f')
-	age       time.Duration // of a finished record ('d', 'f'), when the claim asked for it; -1 unknown
+	kind      replyKind
+	n         int64         // attempt number (claimed, busy)
+	leaseLeft time.Duration // (claimed, busy)
+	payload   string        // result (done), message (failed), reason (bad record)
+	owner     string        // the owner's token: of the live lease (busy; "" when the reply has none), of the finished attempt (done, failed)
+	age       time.Duration // of a finished record (done, failed), when the claim asked for it; -1 unknown
 }
 
 // claimRecord builds the record of a claim (see lua/record.lua): attempt n
@@ -30,7 +103,7 @@ type claimReply struct {
 // is the caller's.
 func (c *Client) claimRecord(fp, token string, n int64) []byte {
 	b := make([]byte, 0, headerSize(fp, token)+len(c.mark))
-	return append(appendHeader(b, 'p', fp, token, n), c.mark...)
+	return append(appendHeader(b, recordInProgress, fp, token, n), c.mark...)
 }
 
 // headerSize bounds the size of a record's header (appendHeader).
@@ -38,8 +111,8 @@ func headerSize(fp, token string) int { return 3 + len(fp) + 1 + len(token) + 20
 
 // appendHeader appends the header of a record in state st (see
 // lua/record.lua), "1" st len(fp) fp len(token) token n ":", to b.
-func appendHeader(b []byte, st byte, fp, token string, n int64) []byte {
-	b = append(b, '1', st, byte(len(fp)))
+func appendHeader(b []byte, st recordState, fp, token string, n int64) []byte {
+	b = append(b, recordVersion, byte(st), byte(len(fp)))
 	b = append(b, fp...)
 	b = append(b, byte(len(token)))
 	b = append(b, token...)
@@ -69,9 +142,9 @@ func claimResult(v any, fp string, lease, retention time.Duration) (claimReply, 
 	case int64:
 		switch {
 		case v == 0:
-			return claimReply{kind: 'x'}, nil
+			return claimReply{kind: replyConflict}, nil
 		case v >= 1:
-			return claimReply{kind: 'c', n: v, leaseLeft: lease}, nil
+			return claimReply{kind: replyClaimed, n: v, leaseLeft: lease}, nil
 		}
 	case string:
 		return readFinished(v, fp), nil
@@ -98,16 +171,22 @@ func claimResult(v any, fp string, lease, retention time.Duration) (claimReply, 
 
 // readFinished reads a finished record, which claim.lua returns whole (see
 // lua/record.lua for the format), for a call with fingerprint digest fp:
-// its outcome ('d' or 'f', with the payload), a conflict ('x') when the
-// stored fingerprint differs, or 'v' with the reason when the record is not
-// one this version understands. It checks what lua/record.lua's parse
-// checks.
+// its outcome (done or failed, with the payload), a conflict when the
+// stored fingerprint differs, or a bad record with the reason when the
+// record is not one this version understands. It checks what
+// lua/record.lua's parse checks.
 func readFinished(s, fp string) claimReply {
-	bad := claimReply{kind: 'v', payload: "malformed record"}
-	if s == "" || s[0] != '1' {
-		return claimReply{kind: 'v', payload: "unknown record version"}
+	bad := claimReply{kind: replyBadRecord, payload: "malformed record"}
+	if s == "" || s[0] != recordVersion {
+		return claimReply{kind: replyBadRecord, payload: "unknown record version"}
 	}
-	if len(s) < 3 || (s[1] != 'd' && s[1] != 'f') {
+	kind := replyDone
+	switch {
+	case len(s) < 3:
+		return bad
+	case recordState(s[1]) == recordFailed:
+		kind = replyFailed
+	case recordState(s[1]) != recordDone:
 		return bad
 	}
 	fpEnd := 3 + int(s[2]) // fp is s[3:fpEnd]; the owner's length byte is at fpEnd
@@ -129,23 +208,23 @@ func readFinished(s, fp string) claimReply {
 		return bad // attempt 0
 	}
 	if stored := s[3:fpEnd]; fp != "" && stored != "" && stored != fp {
-		return claimReply{kind: 'x'}
+		return claimReply{kind: replyConflict}
 	}
-	return claimReply{kind: s[1], payload: s[nStart+colon+1:], owner: s[fpEnd+1 : nStart]}
+	return claimReply{kind: kind, payload: s[nStart+colon+1:], owner: s[fpEnd+1 : nStart]}
 }
 
 // notified reads a notification that complete.lua published (see there)
 // to a waiter with fingerprint digest fp that saw the key busy with
-// owner's attempt: the outcome it carries ('d' or 'f', as readFinished
+// owner's attempt: the outcome it carries (done or failed, as readFinished
 // reads it) when it is a finished record of owner's attempt, else
 // ok=false: the waiter claims again.
 func notified(msg, fp, owner string) (r claimReply, ok bool) {
 	r = readFinished(msg, fp)
-	return r, (r.kind == 'd' || r.kind == 'f') && owner != "" && r.owner == owner
+	return r, (r.kind == replyDone || r.kind == replyFailed) && owner != "" && r.owner == owner
 }
 
-// parseClaim reads the array replies of lua/claim.lua: claimed before
-// ('c'), busy ('b'), or a record this version does not understand ('v').
+// parseClaim reads the array replies of lua/claim.lua: claimed before,
+// busy, or a record this version does not understand.
 func parseClaim(v []any) (claimReply, error) {
 	bad := func() (claimReply, error) {
 		return claimReply{}, fmt.Errorf("%w: unexpected claim reply %v", ErrCorrupt, v)
@@ -157,10 +236,10 @@ func parseClaim(v []any) (claimReply, error) {
 	if len(kind) != 1 {
 		return bad()
 	}
-	r := claimReply{kind: kind[0]}
+	r := claimReply{kind: replyKind(kind[0])}
 	switch r.kind {
-	case 'c', 'b':
-		if len(v) == 4 && r.kind == 'b' {
+	case replyClaimed, replyBusy:
+		if len(v) == 4 && r.kind == replyBusy {
 			owner, ok := v[3].(string)
 			if !ok {
 				return bad()
@@ -175,20 +254,20 @@ func parseClaim(v []any) (claimReply, error) {
 		if !ok1 || !ok2 {
 			return bad()
 		}
-		if r.kind == 'b' {
+		if r.kind == replyBusy {
 			a, b = b, a
 		}
 		// a is the attempt number, b the lease left in ms: a busy lease has
 		// some left; none lasts 30 years.
-		if a < 1 || b < 0 || b > 1<<40 || (r.kind == 'b' && b == 0) {
+		if a < 1 || b < 0 || b > 1<<40 || (r.kind == replyBusy && b == 0) {
 			return bad()
 		}
 		r.n, r.leaseLeft = a, time.Duration(b)*time.Millisecond
-	case 't':
+	case replyLateRetry:
 		if len(v) != 1 {
 			return bad()
 		}
-	case 'v':
+	case replyBadRecord:
 		if len(v) != 2 {
 			return bad()
 		}
@@ -204,15 +283,15 @@ func parseClaim(v []any) (claimReply, error) {
 }
 
 // finishedRecord builds the record that stores an outcome (see
-// lua/record.lua): state 'd' with the result, or 'f' with the permanent
-// error's message, as payload, after the header of attempt n claimed with
+// lua/record.lua): state done with the result, or failed with the
+// permanent error's message, as payload, after the header of attempt n claimed with
 // fingerprint digest fp and owner token. Built here, it reaches Redis as
 // one argument that complete.lua stores as it is: Lua copies nothing.
 //
 // A large record's buffer comes from recordBufs and goes back there when
 // free is called, once the record is sent for good: go-redis writes a
 // command's arguments while it runs and keeps nothing of them after.
-func finishedRecord(state byte, fp, token string, n int64, payload []byte) (record []byte, free func()) {
+func finishedRecord(state recordState, fp, token string, n int64, payload []byte) (record []byte, free func()) {
 	size := headerSize(fp, token) + len(payload)
 	var buf *[]byte
 	if size >= pooledRecord {
@@ -239,16 +318,15 @@ var recordBufs sync.Pool
 
 const pooledRecord = 64 << 10
 
-// A failed record's payload (the tail of state 'f') is, from this version
-// on, either of
+// A failed record's payload (its tail) is either of
 //
 //	message                         an error without a code
 //	0x00 0x01 len(code) code message an error with a code, or a message
 //	                                that starts with 0x00
 //
-// len(code) is one byte. Earlier versions stored the message alone, and
-// lua/*.lua treat the payload as opaque bytes: readFailure reads any
-// payload that is not a well-formed coded one as a message, as before.
+// len(code) is one byte. lua/*.lua treat the payload as opaque bytes;
+// readFailure reads any payload that is not a well-formed coded one as a
+// message.
 const failureCoded = "\x00\x01"
 
 // minFailureSize is the least room a failure's payload gets, whatever

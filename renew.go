@@ -38,9 +38,7 @@ type renewal struct {
 	done       chan struct{} // made when the renewer starts; closed by stop
 	finished   chan struct{} // made when the renewer starts; closed when it ends
 
-	ctx   *attemptCtx // fn's: its deadline is the owner's lease deadline
-	keys  []string    // the record's key alone
-	token string
+	ctx *attemptCtx // fn's: its deadline is the owner's lease deadline; its call, the owner
 }
 
 type renewalState uint8
@@ -152,6 +150,7 @@ type renewReply struct {
 // cancelled at the deadline) in model/idem.pml.
 func (c *Client) renewLoop(r *renewal) {
 	defer close(r.finished)
+	cl := r.ctx.call
 	every := c.renewals.every
 	lease := int64(c.cfg.lease - c.margin)
 	deadline := time.NewTimer(time.Duration(r.ctx.deadline.Load() - mono()))
@@ -181,7 +180,7 @@ func (c *Client) renewLoop(r *renewal) {
 			go func() {
 				defer c.bg.Done()
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), every)
-				renewed, sent, err := c.renew(rctx, r.keys, r.token)
+				renewed, sent, err := cl.renew(rctx)
 				cancel()
 				replies <- renewReply{renewed: renewed, err: err, sent: sent}
 			}()
@@ -202,7 +201,7 @@ func (c *Client) renewLoop(r *renewal) {
 				r.ctx.cancel(fmt.Errorf("%w: another caller took over the key", ErrLeaseLost))
 				return
 			default:
-				c.warnRecord("idem: lease renewal failed", r.keys[0], rep.err)
+				c.warnKey(context.Background(), "idem: lease renewal failed", cl.key, rep.err)
 			}
 		}
 	}
@@ -215,9 +214,11 @@ const maxPendingRenewals = 2
 
 // renew runs lua/renew.lua once: for renewLoop, and before fn starts when
 // a claim's reply came with too little of the lease left. It reports
-// whether the claim is still ours, and when the renewal was sent (mono).
-func (c *Client) renew(ctx context.Context, keys []string, token string) (renewed bool, sent int64, err error) {
+// whether the claim is still the call's, and when the renewal was sent
+// (mono).
+func (cl *call) renew(ctx context.Context) (renewed bool, sent int64, err error) {
+	c := cl.c
 	sent = mono()
-	n, err := c.scripts.run(ctx, renewScript, keys[:1], []any{token, c.leaseMs, c.retentionMs}).Int64()
+	n, err := c.scripts.Run(ctx, renewScript, cl.keys[:1], cl.token, c.leaseMs, c.retentionMs).Int64()
 	return err == nil && n == 1, sent, err
 }

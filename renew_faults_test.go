@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -29,8 +30,7 @@ import (
 // another caller that takes the key over when that lease ends would start
 // fn beside a live one.
 func TestRenewalReplyDatedByItsOwnSend(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
+	b := idemtest.FaultRedis(t, redistest.Config{})
 	const (
 		lease = 4500 * time.Millisecond
 		every = lease / 3 // renewals are sent a third of a lease apart
@@ -54,8 +54,8 @@ func TestRenewalReplyDatedByItsOwnSend(t *testing.T) {
 // renewalRound runs the case once on key. It reports whether the case was
 // built: the second renewal was sent well before the first one's reply
 // came, and that reply moved fn's deadline.
-func renewalRound(t *testing.T, b *backend, key string, lease, every, held time.Duration) (built bool) {
-	renew := faultConnScript(t, "renew")
+func renewalRound(t *testing.T, b *idemtest.Backend, key string, lease, every, held time.Duration) (built bool) {
+	renew := idemtest.IsScript(t, "renew")
 	var first, second atomic.Int64 // when each renewal was written (Unix ns)
 	stamp := func(at *atomic.Int64) func([]string) bool {
 		return func(cmd []string) bool {
@@ -72,20 +72,20 @@ func renewalRound(t *testing.T, b *backend, key string, lease, every, held time.
 		// before the server sees it.
 		faultconn.Rule{Match: stamp(&second), Action: faultconn.CloseBefore},
 	)
-	owner := faultyClient(t, b, in, func(o *redis.Options) { o.ReadTimeout = 2 * held },
+	owner := idemtest.Faulty(t, b, in, func(o *redis.Options) { o.ReadTimeout = 2 * held },
 		idem.WithLease(lease), idem.WithLogger(slog.New(slog.DiscardHandler)))
-	thief := b.idem(t, idem.WithLease(lease))
+	thief := b.Idem(t, idem.WithLease(lease))
 
-	var o owners
-	var l ledger
+	var o idemtest.Owners
+	var l idemtest.Runs
 	aCtx := make(chan context.Context, 1)
 	var aEnded atomic.Int64 // when fn saw its context done (Unix ns)
 	aDone := make(chan error, 1)
 	go func() {
 		_, err := owner.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
-			leave := o.enter(ctx)
+			leave := o.Enter(ctx)
 			defer leave()
-			l.add(ctx)
+			l.Add(ctx)
 			aCtx <- ctx
 			select {
 			case <-ctx.Done():
@@ -101,17 +101,17 @@ func renewalRound(t *testing.T, b *backend, key string, lease, every, held time.
 
 	// No renewal runs on the server after the first: its lease ends one
 	// lease after that one ran. Then the owner's context must be done.
-	eventually(t, 4*lease, "the end of the owner's lease on the server", func() bool {
-		return first.Load() != 0 && serverLeaseLeft(t, b, key) < 0
+	idemtest.Eventually(t, 4*lease, "the end of the owner's lease on the server", func() bool {
+		return first.Load() != 0 && idemtest.LeaseLeft(t, b, key) < 0
 	})
 	liveAfterLease := ctx.Err() == nil
 	ended := time.Now()
 
 	// Another caller takes over; its fn must not start beside a live one.
 	res, err := thief.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
-		leave := o.enter(ctx)
+		leave := o.Enter(ctx)
 		defer leave()
-		a := l.add(ctx)
+		a := l.Add(ctx)
 		return fmt.Appendf(nil, "b#%d", a.Number), nil
 	})
 	errA := <-aDone
@@ -128,13 +128,13 @@ func renewalRound(t *testing.T, b *backend, key string, lease, every, held time.
 	}
 	t.Logf("%s: first renewal sent at +0, the second at +%v, the server's lease ended by +%v, fn's context done at +%v",
 		key, t2.Sub(t1), ended.Sub(t1), tEnd.Sub(t1))
-	o.check(t)
+	o.Check(t)
 	if err != nil || string(res) != "b#2" {
 		t.Errorf("the new owner got %q, %v; want b#2", res, err)
 	}
 	if !errors.Is(errA, idem.ErrLeaseLost) {
 		t.Errorf("the first owner's Do: %v, want ErrLeaseLost", errA)
 	}
-	faultRuns(t, &l, key, "[1 2]")
+	l.Want(t, key, "[1 2]")
 	return true
 }

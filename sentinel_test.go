@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -44,7 +45,7 @@ func startSentinel(t *testing.T, primary string) string {
 		_ = cmd.Wait()
 	})
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sport))
-	eventually(t, 10*time.Second, "the sentinel to know the primary", func() bool {
+	idemtest.Eventually(t, 10*time.Second, "the sentinel to know the primary", func() bool {
 		s := redis.NewSentinelClient(&redis.Options{Addr: addr})
 		defer s.Close()
 		got, err := s.GetMasterAddrByName(context.Background(), "mymaster").Result()
@@ -69,7 +70,7 @@ func TestSentinelFailoverClient(t *testing.T) {
 	}
 	owner, waiter := newClient(), newClient(idem.WithWait(wakeBudget))
 	idem.NoPolling(waiter)
-	var l ledger
+	var l idemtest.Runs
 	finish, done := startOwner(t, owner, "k", &l)
 	out := waitFor(waiter, "k", &l)
 	awaitSubscribed(t, waiter)
@@ -81,11 +82,11 @@ func TestSentinelFailoverClient(t *testing.T) {
 	if got[1] != nil || got[0] != "via-sentinel" {
 		t.Fatalf("waiter: got %v, want the owner's result", got)
 	}
-	res, err := newClient().Do(context.Background(), "k", "fp", l.fn("again"))
+	res, err := newClient().Do(context.Background(), "k", "fp", l.Fn("again"))
 	if err != nil || string(res) != "via-sentinel" {
 		t.Fatalf("replay: got %q, %v", res, err)
 	}
-	if n := l.count("k"); n != 1 {
+	if n := l.Count("k"); n != 1 {
 		t.Fatalf("fn ran %d times, want 1", n)
 	}
 	// The record is on the primary the sentinel named.

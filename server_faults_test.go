@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -26,11 +27,11 @@ func TestRedisRestart(t *testing.T) {
 	// Clients, half of it on new keys: every result a Do returned survives
 	// and replays, and no key's fn starts after a Do returned its result.
 	t.Run("under load", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{AppendOnly: true})
+		b := idemtest.Redis(t, redistest.Config{AppendOnly: true})
 		const workers = 6
 		opts := []idem.Option{idem.WithLease(300 * time.Millisecond), idem.WithStoreTimeout(3 * time.Second),
 			idem.WithWait(2 * time.Second), idem.WithPollInterval(50 * time.Millisecond)}
-		clients := []*idem.Client{b.idem(t, opts...), b.idem(t, opts...)}
+		clients := []*idem.Client{b.Idem(t, opts...), b.Idem(t, opts...)}
 		var (
 			seq     atomic.Int64 // orders fn starts and Do returns
 			newKeys atomic.Int64
@@ -107,9 +108,9 @@ func TestRedisRestart(t *testing.T) {
 			mu.Lock()
 			kills = append(kills, time.Now())
 			mu.Unlock()
-			b.srv.Kill()
+			b.Srv.Kill()
 			time.Sleep(300 * time.Millisecond)
-			b.srv.Restart(t)
+			b.Srv.Restart(t)
 		}
 		time.Sleep(300 * time.Millisecond)
 		close(stop)
@@ -119,7 +120,7 @@ func TestRedisRestart(t *testing.T) {
 		if across == 0 || len(results) < 50 {
 			t.Fatalf("%d keys done, %d calls across a kill: the load did not straddle the restarts", len(results), across)
 		}
-		replayer := b.idem(t)
+		replayer := b.Idem(t)
 		for key, want := range results {
 			var attempts []int64
 			for _, r := range runs[key] {
@@ -144,14 +145,14 @@ func TestRedisRestart(t *testing.T) {
 	// stale owner's completion must not succeed: neither over the result
 	// of a newer owner, nor on its own as a record without a claim.
 	t.Run("in-progress record lost", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{})
-		owner := b.idem(t)
+		b := idemtest.Redis(t, redistest.Config{})
+		owner := b.Idem(t)
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 
 		finish, done := startOwner(t, owner, "taken", &l)
-		b.srv.Restart(t)
-		res, err := b.idem(t).Do(ctx, "taken", "fp", l.fn("new"))
+		b.Srv.Restart(t)
+		res, err := b.Idem(t).Do(ctx, "taken", "fp", l.Fn("new"))
 		if err != nil || string(res) != "new#1" {
 			t.Fatalf("new owner: got %q, %v; want new#1 (the record was lost)", res, err)
 		}
@@ -159,17 +160,17 @@ func TestRedisRestart(t *testing.T) {
 		if err := <-done; !errors.Is(err, idem.ErrLeaseLost) {
 			t.Fatalf("stale owner: got %v, want ErrLeaseLost", err)
 		}
-		faultReplay(t, b, "taken", "new#1", &l)
-		faultRuns(t, &l, "taken", "[1 1]") // two runs: the row's exception
+		idemtest.Replay(t, b, "taken", "new#1", &l)
+		l.Want(t, "taken", "[1 1]") // two runs: the row's exception
 
 		finish, done = startOwner(t, owner, "alone", &l)
-		b.srv.Restart(t)
+		b.Srv.Restart(t)
 		finish("stale", nil)
 		if err := <-done; !errors.Is(err, idem.ErrLeaseLost) {
 			t.Fatalf("stale owner alone: got %v, want ErrLeaseLost", err)
 		}
-		if n := b.do(t, "EXISTS", idem.RecordKey(owner, "alone")); n != int64(0) {
-			t.Fatalf("the stale completion wrote a record: %v", b.do(t, "GET", idem.RecordKey(owner, "alone")))
+		if n := b.Do(t, "EXISTS", idem.RecordKey(owner, "alone")); n != int64(0) {
+			t.Fatalf("the stale completion wrote a record: %v", b.Do(t, "GET", idem.RecordKey(owner, "alone")))
 		}
 	})
 }
@@ -180,9 +181,9 @@ func TestRedisRestart(t *testing.T) {
 func TestScriptCacheFlushed(t *testing.T) {
 	ctx := context.Background()
 	// calls returns how many times the server ran cmd.
-	calls := func(t *testing.T, b *backend, cmd string) int64 {
+	calls := func(t *testing.T, b *idemtest.Backend, cmd string) int64 {
 		t.Helper()
-		info := b.do(t, "INFO", "commandstats").(string)
+		info := b.Do(t, "INFO", "commandstats").(string)
 		for _, line := range strings.Split(info, "\r\n") {
 			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
 				n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
@@ -191,23 +192,23 @@ func TestScriptCacheFlushed(t *testing.T) {
 		}
 		return 0
 	}
-	flushing := func(t *testing.T, b *backend, l *ledger, result string, err error) func(context.Context) ([]byte, error) {
+	flushing := func(t *testing.T, b *idemtest.Backend, l *idemtest.Runs, result string, err error) func(context.Context) ([]byte, error) {
 		return func(ctx context.Context) ([]byte, error) {
-			a := l.add(ctx)
-			b.do(t, "SCRIPT", "FLUSH")
+			a := l.Add(ctx)
+			b.Do(t, "SCRIPT", "FLUSH")
 			if err != nil {
 				return nil, err
 			}
 			return []byte(fmt.Sprint(result, "#", a.Number)), nil
 		}
 	}
-	check := func(t *testing.T, b *backend, c *idem.Client) {
+	check := func(t *testing.T, b *idemtest.Backend, c *idem.Client) {
 		t.Helper()
-		var l ledger
-		if res, err := c.Do(ctx, "k1", "fp", l.fn("a")); err != nil || string(res) != "a#1" {
+		var l idemtest.Runs
+		if res, err := c.Do(ctx, "k1", "fp", l.Fn("a")); err != nil || string(res) != "a#1" {
 			t.Fatalf("first call: %q, %v", res, err)
 		}
-		b.do(t, "SCRIPT", "FLUSH")
+		b.Do(t, "SCRIPT", "FLUSH")
 		evals := calls(t, b, "eval")
 		// Claim after a flush, completion after another.
 		if res, err := c.Do(ctx, "k2", "fp", flushing(t, b, &l, "b", nil)); err != nil || string(res) != "b#1" {
@@ -216,8 +217,8 @@ func TestScriptCacheFlushed(t *testing.T) {
 		if n := calls(t, b, "eval") - evals; n < 2 {
 			t.Fatalf("%d EVALs: the claim and the completion did not fall back to EVAL", n)
 		}
-		b.do(t, "SCRIPT", "FLUSH")
-		if res, err := c.Do(ctx, "k1", "fp", l.fn("again")); err != nil || string(res) != "a#1" {
+		b.Do(t, "SCRIPT", "FLUSH")
+		if res, err := c.Do(ctx, "k1", "fp", l.Fn("again")); err != nil || string(res) != "a#1" {
 			t.Fatalf("replay after SCRIPT FLUSH: %q, %v", res, err)
 		}
 		// A release after a flush.
@@ -225,24 +226,24 @@ func TestScriptCacheFlushed(t *testing.T) {
 		if _, err := c.Do(ctx, "k3", "fp", flushing(t, b, &l, "c", boom)); !errors.Is(err, boom) {
 			t.Fatalf("failing fn: %v", err)
 		}
-		b.do(t, "SCRIPT", "FLUSH")
-		faultWantStatus(t, b, "k3", idem.StateReleased, 1)
-		faultRuns(t, &l, "k1", "[1]")
-		faultRuns(t, &l, "k2", "[1]")
+		b.Do(t, "SCRIPT", "FLUSH")
+		idemtest.WantStatus(t, b, "k3", idem.StateReleased, 1)
+		l.Want(t, "k1", "[1]")
+		l.Want(t, "k2", "[1]")
 	}
 	t.Run("single", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{})
-		check(t, b, b.idem(t))
+		b := idemtest.Redis(t, redistest.Config{})
+		check(t, b, b.Idem(t))
 	})
 	t.Run("WithReplicas pipeline", func(t *testing.T) {
-		b := newRedis(t, redistest.Config{Extra: []string{"repl-diskless-sync-delay 0"}})
-		replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + portOf(b.addr)}})
-		eventually(t, 10*time.Second, "the replica's sync", func() bool {
+		b := idemtest.Redis(t, redistest.Config{Extra: []string{"repl-diskless-sync-delay 0"}})
+		replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + portOf(b.Addr)}})
+		idemtest.Eventually(t, 10*time.Second, "the replica's sync", func() bool {
 			return strings.Contains(fmt.Sprint(replica.Do(t, "INFO", "replication")), "master_link_status:up")
 		})
 		// A replica's acknowledgement can take seconds on a loaded machine;
 		// WAIT's timeout stays under the read timeout, which bounds it.
-		c := idem.New(b.client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second }), idem.WithReplicas(1, 10*time.Second))
+		c := idem.New(b.Client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second }), idem.WithReplicas(1, 10*time.Second))
 		t.Cleanup(func() { _ = c.Close() })
 		check(t, b, c)
 		if got := fmt.Sprint(replica.Do(t, "GET", idem.RecordKey(c, "k2"))); !strings.HasSuffix(got, ":b#1") {

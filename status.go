@@ -13,6 +13,21 @@ import (
 // State is the state of a key's record.
 type State int
 
+// The states of a record.
+const (
+	// StateAbsent: no record; the next Do runs fn as attempt 1.
+	StateAbsent State = iota
+	// StateInProgress: an attempt holds or held the lease.
+	StateInProgress
+	// StateDone: a result is stored and replayed.
+	StateDone
+	// StateFailed: a permanent error is stored and replayed.
+	StateFailed
+	// StateReleased: the last attempt failed transiently; the next Do runs
+	// fn again with the next attempt number.
+	StateReleased
+)
+
 // String returns the state's name.
 func (s State) String() string {
 	switch s {
@@ -61,7 +76,7 @@ func parseStatus(key string, v []any) (Status, error) {
 		return Status{}, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, why)
 	}
 	if len(v) == 2 {
-		if why, ok := v[1].(string); ok && v[0] == "v" {
+		if why, ok := v[1].(string); ok && v[0] == string(replyBadRecord) {
 			return bad(why)
 		}
 	}
@@ -81,18 +96,18 @@ func parseStatus(key string, v []any) (Status, error) {
 		return bad("inconsistent reply for an absent record")
 	case st == "":
 		return Status{}, nil
-	case pttl < -1 || n < 1 || lu < 0 || (lu != 0 && (st == "d" || st == "f")):
+	case pttl < -1 || n < 1 || lu < 0 || (lu != 0 && (st == string(recordDone) || st == string(recordFailed))):
 		return bad("inconsistent status reply")
 	}
 	var s Status
 	switch st {
-	case "p":
+	case string(recordInProgress):
 		s.State = StateInProgress
-	case "d":
+	case string(recordDone):
 		s.State = StateDone
-	case "f":
+	case string(recordFailed):
 		s.State = StateFailed
-	case "r":
+	case string(recordReleased):
 		s.State = StateReleased
 	default:
 		return bad(fmt.Sprintf("unknown state %q", st))

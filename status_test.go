@@ -8,20 +8,21 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 )
 
 func TestStatusAndForget(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithRetention(time.Hour))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithRetention(time.Hour))
 		ctx := context.Background()
-		var l ledger
+		var l idemtest.Runs
 		st, err := c.Status(ctx, "k")
 		if err != nil || st.State != idem.StateAbsent || st.Attempt != 0 {
 			t.Fatalf("absent: %+v, %v", st, err)
 		}
 		var inFn Status
 		_, err = c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-			l.add(ctx)
+			l.Add(ctx)
 			inFn, err = c.Status(ctx, "k")
 			return []byte("r"), err
 		})
@@ -44,7 +45,7 @@ func TestStatusAndForget(t *testing.T) {
 		if st, _ := c.Status(ctx, "k"); st.State != idem.StateAbsent {
 			t.Fatalf("after Forget: %v", st.State)
 		}
-		if got, _ := c.Do(ctx, "k", "fp", l.fn("again")); string(got) != "again#1" {
+		if got, _ := c.Do(ctx, "k", "fp", l.Fn("again")); string(got) != "again#1" {
 			t.Fatalf("after Forget: got %q, want again#1", got)
 		}
 	})

@@ -223,7 +223,7 @@ func (s *steps) reserve(name string) error {
 
 // load reads the checkpoint of the step called name, if one is stored.
 func (s *steps) load(ctx context.Context, name string) (cp string, found bool, err error) {
-	v, err := s.c.scripts.run(ctx, stepScript, s.keys, []any{s.token, name, "", 0}).Result()
+	v, err := s.c.scripts.Run(ctx, stepScript, s.keys, s.token, name, "", 0).Result()
 	if err != nil {
 		return "", false, fmt.Errorf("idem: step %q: reading its checkpoint (the step did not run): %w", name, err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 )
 
@@ -26,9 +27,9 @@ type stepOutcome struct {
 
 // reserveAndCharge is a two-step fn whose step charge signals entered and
 // then waits for release, ignoring its context as a paused process would.
-func reserveAndCharge(runs *stepRuns, own *owners, entered, release chan struct{}) func(context.Context) (string, error) {
+func reserveAndCharge(runs *stepRuns, own *idemtest.Owners, entered, release chan struct{}) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
-		leave := own.enter(ctx)
+		leave := own.Enter(ctx)
 		defer leave()
 		a, _ := idem.AttemptFrom(ctx)
 		r, err := idem.Step(ctx, "reserve", func(ctx context.Context) (string, error) {
@@ -65,14 +66,14 @@ func reserveAndCharge(runs *stepRuns, own *owners, entered, release chan struct{
 // then finishes step 2: its checkpoint is refused with ErrLeaseLost, and
 // attempt 2's checkpoint and result stand.
 func TestStepTakeoverAfterLostLease(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	const lease = time.Second
 	ctx := context.Background()
-	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "renew"), Action: faultconn.CloseBefore})
-	stale := faultyClient(t, b, in, noRetry, idem.WithLease(lease), idem.WithWait(0))
-	fresh := b.idem(t, idem.WithLease(10*time.Second), idem.WithWait(30*time.Second))
+	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "renew"), Action: faultconn.CloseBefore})
+	stale := idemtest.Faulty(t, b, in, idemtest.NoRetry, idem.WithLease(lease), idem.WithWait(0))
+	fresh := b.Idem(t, idem.WithLease(10*time.Second), idem.WithWait(30*time.Second))
 	var runs stepRuns
-	var own owners
+	var own idemtest.Owners
 
 	aEntered, aRelease := make(chan struct{}), make(chan struct{})
 	aDone := make(chan stepOutcome, 1)
@@ -81,8 +82,8 @@ func TestStepTakeoverAfterLostLease(t *testing.T) {
 		aDone <- stepOutcome{v, err}
 	}()
 	<-aEntered
-	eventually(t, 10*time.Second, "the stale owner's lease to end on the server", func() bool {
-		return serverLeaseLeft(t, b, "k") < 0
+	idemtest.Eventually(t, 10*time.Second, "the stale owner's lease to end on the server", func() bool {
+		return idemtest.LeaseLeft(t, b, "k") < 0
 	})
 
 	bEntered, bRelease := make(chan struct{}), make(chan struct{})
@@ -110,7 +111,7 @@ func TestStepTakeoverAfterLostLease(t *testing.T) {
 		t.Fatalf("the stale owner's error does not name the step: %v", a.err)
 	}
 	stepsKey := idem.RecordKey(fresh, "k") + ":steps"
-	if n := b.client(t).HExists(ctx, stepsKey, "charge").Val(); n {
+	if n := b.Client(t).HExists(ctx, stepsKey, "charge").Val(); n {
 		t.Fatal("the stale owner's checkpoint of step charge was stored")
 	}
 
@@ -128,9 +129,9 @@ func TestStepTakeoverAfterLostLease(t *testing.T) {
 	if n := runs.count("k", "charge"); n != 2 {
 		t.Fatalf("step charge ran %d times, want 2 (the stale owner's and attempt 2's)", n)
 	}
-	own.check(t)
-	faultWantStatus(t, b, "k", idem.StateDone, 2)
-	v, err := idem.Do(ctx, b.idem(t), "k", "fp", func(context.Context) (string, error) {
+	own.Check(t)
+	idemtest.WantStatus(t, b, "k", idem.StateDone, 2)
+	v, err := idem.Do(ctx, b.Idem(t), "k", "fp", func(context.Context) (string, error) {
 		return "", errors.New("a replay ran fn")
 	})
 	if err != nil || v != "res#1 ch#2" {
@@ -142,15 +143,15 @@ func TestStepTakeoverAfterLostLease(t *testing.T) {
 // finds the same bytes stored and answers stored. The step ran once, and
 // the next attempt gets its checkpoint.
 func TestStepCheckpointReplyLost(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
-	faultLoadScripts(t, b)
-	if got := b.do(t, "SCRIPT", "LOAD", idem.ScriptSource("step")); got != faultSHA(t, "step") {
+	idemtest.LoadScripts(t, b)
+	if got := b.Do(t, "SCRIPT", "LOAD", idem.ScriptSource("step")); got != idemtest.ScriptSHA(t, "step") {
 		t.Fatalf("SCRIPT LOAD step: %v", got)
 	}
-	count, sent := faultCount(faultConnScript(t, "step"))
-	in := faultconn.New(count, faultconn.Rule{Match: faultConnScript(t, "step"), Nth: 1, Action: faultconn.DropReply})
-	c := faultyClient(t, b, in, nil)
+	count, sent := idemtest.Count(idemtest.IsScript(t, "step"))
+	in := faultconn.New(count, faultconn.Rule{Match: idemtest.IsScript(t, "step"), Nth: 1, Action: faultconn.DropReply})
+	c := idemtest.Faulty(t, b, in, nil)
 	var runs stepRuns
 	fn := func(ctx context.Context) (string, error) {
 		v, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) {
@@ -171,7 +172,7 @@ func TestStepCheckpointReplyLost(t *testing.T) {
 	if n := sent.Load(); n < 2 {
 		t.Fatalf("the checkpoint was sent %d times: the lost reply was not re-sent", n)
 	}
-	v, err := idem.Do(ctx, b.idem(t), "k", "", fn)
+	v, err := idem.Do(ctx, b.Idem(t), "k", "", fn)
 	if err != nil || v != "ch-1" {
 		t.Fatalf("attempt 2: got %q, %v", v, err)
 	}
@@ -185,10 +186,10 @@ func TestStepCheckpointReplyLost(t *testing.T) {
 // ErrNotRecorded, and the next attempt runs the step again: the window
 // that only the downstream's own idempotency covers.
 func TestStepCheckpointNotStored(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
-	in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "step"), Action: faultconn.CloseBefore})
-	c := faultyClient(t, b, in, noRetry, idem.WithStoreTimeout(300*time.Millisecond))
+	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "step"), Action: faultconn.CloseBefore})
+	c := idemtest.Faulty(t, b, in, idemtest.NoRetry, idem.WithStoreTimeout(300*time.Millisecond))
 	var runs stepRuns
 	fn := func(ctx context.Context) (string, error) {
 		v, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) {
@@ -204,8 +205,8 @@ func TestStepCheckpointNotStored(t *testing.T) {
 	if !errors.Is(err, idem.ErrNotRecorded) || !strings.Contains(err.Error(), `step "charge"`) {
 		t.Fatalf("attempt 1: got %v, want ErrNotRecorded naming the step", err)
 	}
-	faultWantStatus(t, b, "k", idem.StateReleased, 1)
-	v, err := idem.Do(ctx, b.idem(t), "k", "", fn)
+	idemtest.WantStatus(t, b, "k", idem.StateReleased, 1)
+	v, err := idem.Do(ctx, b.Idem(t), "k", "", fn)
 	if err != nil || v != "ch" {
 		t.Fatalf("attempt 2: got %q, %v", v, err)
 	}

@@ -8,11 +8,9 @@ package idem_test
 // fake provider (an httptest server with Stripe-like idempotency: one
 // charge per Idempotency-Key). The process is this test binary run again
 // as a child (TestChildStepsOwner), which kills itself at the point the
-// test names. Linux only: the child dies with the test (Pdeathsig).
+// test names. Linux only.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -20,7 +18,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +26,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -225,25 +223,10 @@ func TestStepsKilledAtRandomPoints(t *testing.T) {
 	killedInCharge := map[string]bool{}     // ops killed after the provider charged, before the checkpoint
 	run := func(kill string) {
 		t.Helper()
-		cmd := exec.Command(os.Args[0], "-test.run=^TestChildStepsOwner$", "-test.count=1", "-test.timeout=2m")
-		cmd.Env = append(os.Environ(), stepsChildEnv+"="+srv.Addr(), stepsChildEnv+"_PROVIDER="+ps.URL, stepsChildEnv+"_KILL="+kill)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		child := idemtest.StartChild(t, "TestChildStepsOwner", stepsChildTag,
+			stepsChildEnv+"="+srv.Addr(), stepsChildEnv+"_PROVIDER="+ps.URL, stepsChildEnv+"_KILL="+kill)
 		var died, finished bool
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			line, ok := strings.CutPrefix(sc.Text(), stepsChildTag+" ")
-			if !ok {
-				continue
-			}
+		for line := range child.Reports() {
 			f := strings.Fields(line)
 			switch {
 			case f[0] == "dying":
@@ -259,13 +242,13 @@ func TestStepsKilledAtRandomPoints(t *testing.T) {
 				t.Errorf("the child reported %q", line)
 			}
 		}
-		err = cmd.Wait()
-		ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+		stderr, err := child.Exited(t)
+		ws, _ := child.State().Sys().(syscall.WaitStatus)
 		switch {
 		case kill != "" && (!died || !ws.Signaled() || ws.Signal() != syscall.SIGKILL):
-			t.Fatalf("the child to kill at %q: died=%v, exit %v\n%s", kill, died, err, stderr.String())
+			t.Fatalf("the child to kill at %q: died=%v, exit %v\n%s", kill, died, err, stderr)
 		case kill == "" && (!finished || err != nil):
-			t.Fatalf("the last child: finished=%v, exit %v\n%s", finished, err, stderr.String())
+			t.Fatalf("the last child: finished=%v, exit %v\n%s", finished, err, stderr)
 		}
 	}
 	for _, k := range plan {

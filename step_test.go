@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -91,8 +92,8 @@ func debitSteps(runs *stepRuns, failNotify *atomic.Bool) func(context.Context) (
 // next attempt gets steps 1 and 2 from their checkpoints, runs step 3
 // alone, and returns what the first attempt's steps returned.
 func TestStepsResumeAfterTransientError(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
 		var runs stepRuns
 		var fail atomic.Bool
@@ -101,10 +102,10 @@ func TestStepsResumeAfterTransientError(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "mail server down") {
 			t.Fatalf("attempt 1: got %v, want the transient error of step 3", err)
 		}
-		faultWantStatus(t, b, "debit-1", idem.StateReleased, 1)
+		idemtest.WantStatus(t, b, "debit-1", idem.StateReleased, 1)
 
 		fail.Store(false)
-		got, err := idem.Do(ctx, b.idem(t), "debit-1", "fp", debitSteps(&runs, &fail))
+		got, err := idem.Do(ctx, b.Idem(t), "debit-1", "fp", debitSteps(&runs, &fail))
 		if want := "res#1 125 true ch#1 true"; err != nil || got != want {
 			t.Fatalf("attempt 2: got %q, %v; want %q", got, err, want)
 		}
@@ -127,8 +128,8 @@ func TestStepsResumeAfterTransientError(t *testing.T) {
 // A permanent error is checkpointed: the next attempt gets it back as a
 // *StoredError, with its message and code, and does not run the step.
 func TestStepPermanentErrorCheckpointed(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
 		var runs stepRuns
 		fn := func(ctx context.Context) (string, error) {
@@ -158,7 +159,7 @@ func TestStepPermanentErrorCheckpointed(t *testing.T) {
 		if n := runs.count("k", "charge"); n != 1 {
 			t.Fatalf("step charge ran %d times, want 1", n)
 		}
-		faultWantStatus(t, b, "k", idem.StateFailed, 2)
+		idemtest.WantStatus(t, b, "k", idem.StateFailed, 2)
 	})
 }
 
@@ -166,9 +167,9 @@ func TestStepPermanentErrorCheckpointed(t *testing.T) {
 // operation's checkpoints past four times that, are checkpointed as
 // permanent failures wrapping ErrTooLarge, and never run again.
 func TestStepLargeValues(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const limit = 1000
-		c := b.idem(t, idem.WithMaxResultSize(limit))
+		c := b.Idem(t, idem.WithMaxResultSize(limit))
 		ctx := context.Background()
 		var runs stepRuns
 		fn := func(ctx context.Context) (string, error) {
@@ -213,7 +214,7 @@ func TestStepLargeValues(t *testing.T) {
 				t.Errorf("step %s ran %d times, want 1", step, n)
 			}
 		}
-		total, err := b.client(t).HGet(ctx, idem.RecordKey(c, "k")+":steps", "").Int()
+		total, err := b.Client(t).HGet(ctx, idem.RecordKey(c, "k")+":steps", "").Int()
 		if err != nil || total > 4*limit+2*(limit+300) {
 			t.Fatalf("the checkpoints take %d bytes (%v), over the bound", total, err)
 		}
@@ -222,8 +223,8 @@ func TestStepLargeValues(t *testing.T) {
 
 // Misuse gets an error naming the step, and the step's fn does not run.
 func TestStepMisuse(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
 		var ran atomic.Int64
 		count := func(context.Context) (int, error) { ran.Add(1); return 1, nil }
@@ -283,8 +284,8 @@ func TestStepMisuse(t *testing.T) {
 // Steps of one attempt may run at once under different names; the same
 // name at once is refused for all but one.
 func TestStepsConcurrent(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t)
 		ctx := context.Background()
 		var runs stepRuns
 		got, err := idem.Do(ctx, c, "k", "", func(ctx context.Context) (int, error) {
@@ -340,7 +341,7 @@ func stepKeyOf(prefix, key, name string) string {
 // every Client of one prefix, different for other names, keys and
 // prefixes, and "" outside Do.
 func TestStepKey(t *testing.T) {
-	b := newMiniredis(t)
+	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	if got := idem.StepKey(ctx, "charge"); got != "" {
 		t.Fatalf("outside Do: %q, want \"\"", got)
@@ -362,7 +363,7 @@ func TestStepKey(t *testing.T) {
 		}
 		return got
 	}
-	c := b.idem(t)
+	c := b.Idem(t)
 	first := keyOf(c, "order {1}", "charge", true)
 	if !regexp.MustCompile(`^idem-[a-z2-7]{32}$`).MatchString(first) {
 		t.Fatalf("StepKey %q is not idem- and 32 base32 characters", first)
@@ -370,17 +371,17 @@ func TestStepKey(t *testing.T) {
 	if want := stepKeyOf("idem", "order {1}", "charge"); first != want {
 		t.Fatalf("StepKey %q, want %q by the documented derivation", first, want)
 	}
-	if again := keyOf(b.idem(t), "order {1}", "charge", false); again != first {
+	if again := keyOf(b.Idem(t), "order {1}", "charge", false); again != first {
 		t.Fatalf("attempt 2 in another Client: %q, want %q", again, first)
 	}
 	seen := map[string]string{first: "first"}
 	for what, k := range map[string]string{
 		"another name":   keyOf(c, "order {1}", "refund", false),
 		"another key":    keyOf(c, "order {2}", "charge", false),
-		"another prefix": keyOf(b.idem(t, idem.WithPrefix("other")), "order {1}", "charge", false),
+		"another prefix": keyOf(b.Idem(t, idem.WithPrefix("other")), "order {1}", "charge", false),
 		// Length framing: ("ab", "c") and ("a", "bc") differ.
-		"framing a": keyOf(b.idem(t, idem.WithPrefix("ab")), "c", "x", false),
-		"framing b": keyOf(b.idem(t, idem.WithPrefix("a")), "bc", "x", false),
+		"framing a": keyOf(b.Idem(t, idem.WithPrefix("ab")), "c", "x", false),
+		"framing b": keyOf(b.Idem(t, idem.WithPrefix("a")), "bc", "x", false),
 	} {
 		if other, dup := seen[k]; dup {
 			t.Errorf("%s has the key of %s: %q", what, other, k)
@@ -392,8 +393,8 @@ func TestStepKey(t *testing.T) {
 // StepFrom names the step that a context belongs to, and nothing outside
 // one (nor inside a Do call nested in a step).
 func TestStepFrom(t *testing.T) {
-	b := newMiniredis(t)
-	c := b.idem(t)
+	b := idemtest.Miniredis(t)
+	c := b.Idem(t)
 	ctx := context.Background()
 	_, err := idem.Do(ctx, c, "k", "", func(ctx context.Context) (string, error) {
 		if name, ok := idem.StepFrom(ctx); ok {
@@ -420,13 +421,13 @@ func TestStepFrom(t *testing.T) {
 // Forget removes the steps' checkpoints with the record: the next Do runs
 // every step again.
 func TestForgetRemovesSteps(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		t.Run("plain", func(t *testing.T) { testForgetRemovesSteps(t, b, b.idem(t)) })
-		t.Run("tombstones", func(t *testing.T) { testForgetRemovesSteps(t, b, b.idem(t, idem.WithTombstones(time.Hour))) })
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		t.Run("plain", func(t *testing.T) { testForgetRemovesSteps(t, b, b.Idem(t)) })
+		t.Run("tombstones", func(t *testing.T) { testForgetRemovesSteps(t, b, b.Idem(t, idem.WithTombstones(time.Hour))) })
 	})
 }
 
-func testForgetRemovesSteps(t *testing.T, b *backend, c *idem.Client) {
+func testForgetRemovesSteps(t *testing.T, b *idemtest.Backend, c *idem.Client) {
 	ctx := context.Background()
 	var runs stepRuns
 	var fail atomic.Bool
@@ -435,13 +436,13 @@ func testForgetRemovesSteps(t *testing.T, b *backend, c *idem.Client) {
 		t.Fatal("attempt 1 succeeded")
 	}
 	stepsKey := idem.RecordKey(c, "k") + ":steps"
-	if n := b.client(t).Exists(ctx, stepsKey).Val(); n != 1 {
+	if n := b.Client(t).Exists(ctx, stepsKey).Val(); n != 1 {
 		t.Fatalf("no checkpoints at %s", stepsKey)
 	}
 	if err := c.Forget(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
-	if n := b.client(t).Exists(ctx, stepsKey).Val(); n != 0 {
+	if n := b.Client(t).Exists(ctx, stepsKey).Val(); n != 0 {
 		t.Fatalf("Forget left the checkpoints")
 	}
 	fail.Store(false)
@@ -459,13 +460,13 @@ func testForgetRemovesSteps(t *testing.T, b *backend, c *idem.Client) {
 // The checkpoints never outlive the record: their TTL is set to the
 // record's at every checkpoint, and completion leaves them to expire.
 func TestStepCheckpointsExpireWithRecord(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithRetention(time.Hour), idem.WithLease(10*time.Second))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithRetention(time.Hour), idem.WithLease(10*time.Second))
 		ctx := context.Background()
-		rdb := b.client(t)
+		rdb := b.Client(t)
 		record := idem.RecordKey(c, "k")
 		_, err := idem.Do(ctx, c, "k", "", func(ctx context.Context) (int, error) {
-			b.advance(t, time.Second) // the record's TTL has come down
+			b.Advance(t, time.Second) // the record's TTL has come down
 			_, err := idem.Step(ctx, "one", func(ctx context.Context) (int, error) { return 1, nil })
 			if err != nil {
 				return 0, err
@@ -490,9 +491,9 @@ func TestStepCheckpointsExpireWithRecord(t *testing.T) {
 // progress reads or writes; a checkpoint is never replaced; a write over
 // the limit is refused; the hash's TTL is the record's.
 func TestStepScript(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
-		rdb := b.client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+		rdb := b.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
 		src := idem.ScriptSource("step")
 		keys := []string{"t:{k}", "t:{k}:steps"}
 		run := func(args ...any) any {
@@ -511,7 +512,7 @@ func TestStepScript(t *testing.T) {
 		}
 		want("no record: write", run("tok", "a", "d1", 0), 0)
 		want("no record: read", run("tok", "a", "", 0), 0)
-		rdb.Set(ctx, keys[0], inProgress("tok", 2, time.Hour, time.Minute), time.Hour)
+		rdb.Set(ctx, keys[0], idemtest.InProgress("tok", 2, time.Hour, time.Minute), time.Hour)
 		want("another token", run("other", "a", "d1", 0), 0)
 		want("read, none yet", run("tok", "a", "", 0), "")
 		if n := rdb.Exists(ctx, keys[1]).Val(); n != 0 {
@@ -531,7 +532,7 @@ func TestStepScript(t *testing.T) {
 			t.Fatal("an empty name was accepted")
 		}
 		// A released or finished record is no longer the caller's.
-		rdb.Set(ctx, keys[0], "1r"+inProgress("tok", 2, time.Hour, time.Minute)[2:], time.Hour)
+		rdb.Set(ctx, keys[0], "1r"+idemtest.InProgress("tok", 2, time.Hour, time.Minute)[2:], time.Hour)
 		want("released", run("tok", "c", "d1", 0), 0)
 		rdb.Set(ctx, keys[0], "garbage", time.Hour)
 		want("not a record", run("tok", "c", "d1", 0), 0)

@@ -10,16 +10,17 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
 // Row 42 of docs/faults.md: a retry after the retention, with tombstones.
 func TestTombstoneRefusesLateRetry(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		retention, keep := time.Second, 2*time.Second
-		c := b.idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(retention), idem.WithTombstones(keep))
+		c := b.Idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(retention), idem.WithTombstones(keep))
 		var runs atomic.Int64
 		fn := func(ctx context.Context) ([]byte, error) {
 			return []byte(fmt.Sprint("run-", runs.Add(1))), nil
@@ -34,8 +35,8 @@ func TestTombstoneRefusesLateRetry(t *testing.T) {
 		}); err == nil {
 			t.Fatal("the failure was not returned")
 		}
-		b.advance(t, retention+200*time.Millisecond)
-		if st := faultStatus(t, b, "k"); st.State != idem.StateAbsent {
+		b.Advance(t, retention+200*time.Millisecond)
+		if st := idemtest.Status(t, b, "k"); st.State != idem.StateAbsent {
 			t.Fatalf("after the retention: %v; want the record gone", st.State)
 		}
 		for _, k := range []string{"k", "failed"} {
@@ -57,7 +58,7 @@ func TestTombstoneRefusesLateRetry(t *testing.T) {
 			t.Fatalf("a new key: %q, %v", got, err)
 		}
 		// After the tombstone time (and its window), the key is new again.
-		b.advance(t, keep+time.Second+200*time.Millisecond)
+		b.Advance(t, keep+time.Second+200*time.Millisecond)
 		if got, err := c.Do(ctx, "k", "fp", fn); err != nil || string(got) != "run-4" {
 			t.Fatalf("after the tombstone: %q, %v; want a new run", got, err)
 		}
@@ -65,40 +66,40 @@ func TestTombstoneRefusesLateRetry(t *testing.T) {
 }
 
 func TestTombstoneForget(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
-		c := b.idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
-		var l ledger
-		if _, err := c.Do(ctx, "k", "fp", l.fn("r")); err != nil {
+		c := b.Idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
+		var l idemtest.Runs
+		if _, err := c.Do(ctx, "k", "fp", l.Fn("r")); err != nil {
 			t.Fatal(err)
 		}
-		b.advance(t, 1200*time.Millisecond)
-		if _, err := c.Do(ctx, "k", "fp", l.fn("r")); !errors.Is(err, idem.ErrLateRetry) {
+		b.Advance(t, 1200*time.Millisecond)
+		if _, err := c.Do(ctx, "k", "fp", l.Fn("r")); !errors.Is(err, idem.ErrLateRetry) {
 			t.Fatalf("late retry: %v", err)
 		}
 		if err := c.Forget(ctx, "k"); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := c.Do(ctx, "k", "fp", l.fn("r")); err != nil || string(got) != "r#1" {
+		if got, err := c.Do(ctx, "k", "fp", l.Fn("r")); err != nil || string(got) != "r#1" {
 			t.Fatalf("after Forget: %q, %v; want a new run", got, err)
 		}
 		// Its new outcome leaves a new tombstone, which Forget's mark does
 		// not hide.
-		b.advance(t, 1200*time.Millisecond)
-		if _, err := c.Do(ctx, "k", "fp", l.fn("r")); !errors.Is(err, idem.ErrLateRetry) {
+		b.Advance(t, 1200*time.Millisecond)
+		if _, err := c.Do(ctx, "k", "fp", l.Fn("r")); !errors.Is(err, idem.ErrLateRetry) {
 			t.Fatalf("late retry after the second run: %v", err)
 		}
 		// Forget of a live record removes the record and the tombstone.
-		if _, err := c.Do(ctx, "live", "fp", l.fn("r")); err != nil {
+		if _, err := c.Do(ctx, "live", "fp", l.Fn("r")); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Forget(ctx, "live"); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := c.Do(ctx, "live", "fp", l.fn("r")); err != nil || string(got) != "r#1" {
+		if got, err := c.Do(ctx, "live", "fp", l.Fn("r")); err != nil || string(got) != "r#1" {
 			t.Fatalf("live key after Forget: %q, %v", got, err)
 		}
-		if n := l.count("live"); n != 2 {
+		if n := l.Count("live"); n != 2 {
 			t.Fatalf("live ran %d times; want 2", n)
 		}
 	})
@@ -107,21 +108,21 @@ func TestTombstoneForget(t *testing.T) {
 // Buckets fill past one listpack's 128 fields and spill to further levels:
 // every tombstone is still found, and no new key is refused.
 func TestTombstoneBucketsSpill(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
-	c := b.idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
+	c := b.Idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
 	// Keys whose slots agree modulo 1024 share one level-0 bucket per
 	// window on one server.
 	keys := keysInBucket("spill-", 777, 600)
-	var l ledger
+	var l idemtest.Runs
 	for _, k := range keys {
-		if _, err := c.Do(ctx, k, "fp", l.fn("r")); err != nil {
+		if _, err := c.Do(ctx, k, "fp", l.Fn("r")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b.advance(t, 1200*time.Millisecond)
+	b.Advance(t, 1200*time.Millisecond)
 	levels := map[string]int{}
-	for _, k := range b.do(t, "KEYS", "idem:t:{*").([]any) {
+	for _, k := range b.Do(t, "KEYS", "idem:t:{*").([]any) {
 		k := k.(string)
 		levels[k[strings.LastIndexByte(k, ':')+1:strings.LastIndexByte(k, '.')]]++
 	}
@@ -129,12 +130,12 @@ func TestTombstoneBucketsSpill(t *testing.T) {
 		t.Fatalf("600 tombstones in one slot filled levels %v; want at least 0 to 2", levels)
 	}
 	for _, k := range keys {
-		if _, err := c.Do(ctx, k, "fp", l.fn("r")); !errors.Is(err, idem.ErrLateRetry) {
+		if _, err := c.Do(ctx, k, "fp", l.Fn("r")); !errors.Is(err, idem.ErrLateRetry) {
 			t.Fatalf("%s: %v; want ErrLateRetry", k, err)
 		}
 	}
 	for _, k := range keysInBucket("fresh-", 777, 200) {
-		if _, err := c.Do(ctx, k, "fp", l.fn("r")); err != nil {
+		if _, err := c.Do(ctx, k, "fp", l.Fn("r")); err != nil {
 			t.Fatalf("new key %s: %v", k, err)
 		}
 	}
@@ -151,25 +152,25 @@ func TestTombstoneCluster(t *testing.T) {
 	c := idem.New(cc, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
-	var l ledger
+	var l idemtest.Runs
 	keys := []string{"{", "}", "a{b}c", "\x00\xff"}
 	for i := range 60 {
 		keys = append(keys, fmt.Sprint("order-", i))
 	}
 	for _, k := range keys {
-		if _, err := c.Do(ctx, k, "fp", l.fn("r")); err != nil {
+		if _, err := c.Do(ctx, k, "fp", l.Fn("r")); err != nil {
 			t.Fatalf("%q: %v", k, err)
 		}
 	}
 	time.Sleep(1300 * time.Millisecond)
 	for _, k := range keys {
-		if _, err := c.Do(ctx, k, "fp", l.fn("r")); !errors.Is(err, idem.ErrLateRetry) {
+		if _, err := c.Do(ctx, k, "fp", l.Fn("r")); !errors.Is(err, idem.ErrLateRetry) {
 			t.Fatalf("%q: %v; want ErrLateRetry", k, err)
 		}
 		if err := c.Forget(ctx, k); err != nil {
 			t.Fatalf("Forget(%q): %v", k, err)
 		}
-		if _, err := c.Do(ctx, k, "fp", l.fn("r")); err != nil {
+		if _, err := c.Do(ctx, k, "fp", l.Fn("r")); err != nil {
 			t.Fatalf("%q after Forget: %v", k, err)
 		}
 	}
@@ -181,11 +182,11 @@ func TestTombstoneMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("100,000 tombstones: skipped in -short")
 	}
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
-	c := b.idem(t, idem.WithRetention(time.Hour), idem.WithTombstones(30*24*time.Hour))
-	rdb := b.client(t)
-	used := func() int64 { return faultInfo(t, b, "memory", "used_memory") }
+	c := b.Idem(t, idem.WithRetention(time.Hour), idem.WithTombstones(30*24*time.Hour))
+	rdb := b.Client(t)
+	used := func() int64 { return idemtest.Info(t, b, "memory", "used_memory") }
 	const n = 100_000
 	before := used()
 	for i := 0; i < n; i += 1000 {
@@ -223,16 +224,16 @@ func TestTombstoneMemory(t *testing.T) {
 
 // A replay's event carries the age of the outcome it replays.
 func TestReplayEventAge(t *testing.T) {
-	b := newMiniredis(t)
+	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	var got []idem.Event
-	c := b.idem(t, idem.WithObserver(idem.ObserverFunc(func(_ context.Context, e idem.Event) { got = append(got, e) })))
-	var l ledger
-	if _, err := c.Do(ctx, "k", "fp", l.fn("r")); err != nil {
+	c := b.Idem(t, idem.WithObserver(observerFunc(func(_ context.Context, e idem.Event) { got = append(got, e) })))
+	var l idemtest.Runs
+	if _, err := c.Do(ctx, "k", "fp", l.Fn("r")); err != nil {
 		t.Fatal(err)
 	}
-	b.advance(t, 90*time.Minute)
-	if _, err := c.Do(ctx, "k", "fp", l.fn("r")); err != nil {
+	b.Advance(t, 90*time.Minute)
+	if _, err := c.Do(ctx, "k", "fp", l.Fn("r")); err != nil {
 		t.Fatal(err)
 	}
 	last := got[len(got)-1]

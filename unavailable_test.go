@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -18,26 +19,26 @@ import (
 // A claim that cannot reach Redis says so (ErrUnavailable), fn does not
 // run, and nothing warns of a claim that was never made.
 func TestUnavailable(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		down := func() {
-			if b.mr != nil {
-				b.mr.Close()
+			if b.MR != nil {
+				b.MR.Close()
 			} else {
-				b.srv.Kill()
+				b.Srv.Kill()
 			}
 		}
 		for _, warm := range []bool{false, true} {
 			t.Run(fmt.Sprintf("after calls %v", warm), func(t *testing.T) {
-				if warm && b.mr != nil {
-					b = newMiniredis(t)
+				if warm && b.MR != nil {
+					b = idemtest.Miniredis(t)
 				} else if warm {
-					b = newRedis(t, redistest.Config{})
+					b = idemtest.Redis(t, redistest.Config{})
 				}
 				if !warm {
 					down() // before the client's first connection
 				}
 				var logs syncBuffer
-				c := b.idem(t, idem.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+				c := b.Idem(t, idem.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 				ctx := context.Background()
 				if warm {
 					if _, err := c.Do(ctx, "before", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
@@ -66,16 +67,16 @@ func TestUnavailable(t *testing.T) {
 // give-backs of those claims, which fail when the server is gone, warn of
 // no claim (none survives: the server had no persistence).
 func TestUnavailableFrozen(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	var logs syncBuffer
-	c := idem.New(b.client(t, func(o *redis.Options) { o.ReadTimeout = 300 * time.Millisecond }),
+	c := idem.New(b.Client(t, func(o *redis.Options) { o.ReadTimeout = 300 * time.Millisecond }),
 		idem.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 		idem.WithStoreTimeout(time.Second))
 	ctx := context.Background()
 	if _, err := c.Do(ctx, "warm", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 		t.Fatal(err)
 	}
-	b.srv.Pause()
+	b.Srv.Pause()
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
@@ -87,7 +88,7 @@ func TestUnavailableFrozen(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	b.srv.Kill() // the give-backs fail
+	b.Srv.Kill() // the give-backs fail
 	_ = c.Close()
 	for i, err := range errs {
 		if !errors.Is(err, idem.ErrUnavailable) {
@@ -103,8 +104,8 @@ func TestUnavailableFrozen(t *testing.T) {
 // an error reply that is not about availability; a reply that is (BUSY)
 // matches it.
 func TestNotUnavailable(t *testing.T) {
-	b := newMiniredis(t)
-	c := b.idem(t, idem.WithLogger(nil))
+	b := idemtest.Miniredis(t)
+	c := b.Idem(t, idem.WithLogger(nil))
 	fn := func(context.Context) ([]byte, error) { return []byte("ok"), nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -117,11 +118,11 @@ func TestNotUnavailable(t *testing.T) {
 	if _, err := c.Do(context.Background(), "k", "b", fn); !errors.Is(err, idem.ErrConflict) || errors.Is(err, idem.ErrUnavailable) {
 		t.Errorf("conflict: %v", err)
 	}
-	b.mr.SetError("ERR something else")
+	b.MR.SetError("ERR something else")
 	if _, err := c.Do(context.Background(), "k2", "a", fn); err == nil || errors.Is(err, idem.ErrUnavailable) {
 		t.Errorf("ERR reply: %v, want an error that is not ErrUnavailable", err)
 	}
-	b.mr.SetError("BUSY Redis is busy running a script")
+	b.MR.SetError("BUSY Redis is busy running a script")
 	if _, err := c.Do(context.Background(), "k3", "a", fn); !errors.Is(err, idem.ErrUnavailable) {
 		t.Errorf("BUSY reply: %v, want ErrUnavailable", err)
 	}

@@ -1,4 +1,4 @@
-// wait.go: the claim-and-wait loop (run): claim, and while another owner
+// wait.go: the claim-and-wait loop (claim): claim, and while another owner
 // holds the key, wait to be told (or poll) and claim again.
 
 package idem
@@ -12,28 +12,31 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem/internal/notify"
+	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/redis/go-redis/v9"
 )
 
-// The first pause of a waiter's polling; it doubles up to WithPollInterval.
+// The first pause of a waiter's polling; it doubles up to the poll
+// interval (500ms: config.pollInterval).
 const defaultFirstPoll = 25 * time.Millisecond
 
-// run is one caller's way through the key: claim, and while another owner
+// claim is one caller's way through the key: claim, and while another owner
 // holds the key, wait and claim again, until it gets an outcome, becomes the
-// owner, or its budget ends: its context, and until, the end of its wait
-// (WithWait). The wait loop is the claim loop: pub/sub says when to claim
+// owner (see own), or its budget ends: its context, and cl.until, the end
+// of its wait (WithWait). The wait loop is the claim loop: pub/sub says when to claim
 // again, or carries the outcome of the owner the caller waits for (see
 // notified), as a claim would read it from the record. retry reports an
 // outcome that in-process followers must not share (see flights).
 //
 // Model: steps Claim, ClaimReply and RenewBeforeFn of process Caller in
 // model/idem.pml.
-func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn func(context.Context) ([]byte, error)) (res []byte, err error, retry bool) {
-	keys := c.keys(key)
-	token := newToken()
-	first := c.claimRecord(fp, token, 1) // what a claim of a new key writes
+func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
+	c, key := cl.c, cl.key
+	cl.keys, cl.token = c.keys(key), newToken()
+	first := c.claimRecord(cl.fp, cl.token, 1) // what a claim of a new key writes
 	var (
-		w     *watcher
+		w     *notify.Watcher
 		seen  int64       // the attempt number last seen in progress
 		owner string      // the token of its owner
 		woken *claimReply // an outcome that the owner's notification carried
@@ -42,7 +45,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 	)
 	defer func() {
 		if w != nil {
-			w.stop()
+			w.Stop()
 		}
 		if timer != nil {
 			timer.Stop()
@@ -57,33 +60,33 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			// holds it as a claim would find it.
 			r, woken = *woken, nil
 		} else {
-			r, err = c.claim(ctx, keys, fp, first)
+			r, err = c.claimOnce(ctx, cl.keys, cl.fp, first)
 		}
 		if err != nil {
 			if mayHaveRun(err) || errors.Is(err, ErrNotReplicated) {
 				// The claim may have happened with its reply lost: give it
 				// back if it is ours. fn does not run.
-				c.giveBack(ctx, keys, token, err)
+				cl.giveBack(ctx, err)
 			}
 			if seen > 0 && ctx.Err() != nil {
-				return nil, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, seen, ctx.Err()), true
+				return nil, true, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, seen, ctx.Err())
 			}
-			return nil, claimError(ctx, key, err), ctx.Err() != nil
+			return nil, ctx.Err() != nil, claimError(ctx, key, err)
 		}
-		c.observeClaim(ctx, key, r.kind, r.n, r.age)
+		cl.observeClaim(r.kind, r.n, r.age)
 		switch r.kind {
-		case 'c':
+		case replyClaimed:
 			if seen > 0 && r.n == 1 {
-				c.giveBack(ctx, keys, token, nil)
-				return nil, fmt.Errorf("%w: key %q: attempt %d was in progress; is the retention shorter than the operation?", ErrExpired, key, seen), false
+				cl.giveBack(ctx, nil)
+				return nil, false, fmt.Errorf("%w: key %q: attempt %d was in progress; is the retention shorter than the operation?", ErrExpired, key, seen)
 			}
 			if err := ctx.Err(); err != nil {
 				// The caller gave up while the claim was under way (go-redis
 				// applies a context's deadline to reads only with
 				// ContextTimeoutEnabled): give the claim back; fn does not
 				// start.
-				c.giveBack(ctx, keys, token, nil)
-				return nil, fmt.Errorf("idem: claim key %q: %w", key, err), true
+				cl.giveBack(ctx, nil)
+				return nil, true, fmt.Errorf("idem: claim key %q: %w", key, err)
 			}
 			// The server granted the lease after the claim was sent: for
 			// the owner, it ends no later than sent + the lease left.
@@ -91,7 +94,7 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			if deadline-mono() < int64(c.renewals.every) {
 				// Too little left to start fn on (a slow reply, or a repeat
 				// of a claim whose reply was lost): renew first.
-				renewed, at, err := c.renew(ctx, keys, token)
+				renewed, at, err := cl.renew(ctx)
 				if err == nil && !renewed {
 					// Another caller took the key over meanwhile (or the
 					// record is gone): wait for it like any duplicate.
@@ -102,45 +105,45 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 					deadline = at + int64(c.cfg.lease-c.margin)
 				}
 				if left := time.Duration(deadline - mono()); err != nil || left < c.renewals.every {
-					c.giveBack(ctx, keys, token, nil)
+					cl.giveBack(ctx, nil)
 					if err == nil {
 						err = fmt.Errorf("only %v left after a renewal", left)
 					}
-					return nil, fmt.Errorf("%w: key %q: the claim came back with %v of its lease left, and renewing it failed (fn did not run): %w",
-						ErrLeaseLost, key, r.leaseLeft, err), true
+					return nil, true, fmt.Errorf("%w: key %q: the claim came back with %v of its lease left, and renewing it failed (fn did not run): %w",
+						ErrLeaseLost, key, r.leaseLeft, err)
 				}
 			}
 			if w != nil {
-				w.stop()
+				w.Stop()
 				w = nil
 			}
-			claimed := first
+			cl.n, cl.claimed = r.n, first
 			if r.n != 1 {
-				claimed = c.claimRecord(fp, token, r.n)
+				cl.claimed = c.claimRecord(cl.fp, cl.token, r.n)
 			}
-			return c.own(ctx, key, keys, fp, token, claimed, r.n, deadline, fn)
-		case 'd':
-			return replyBytes(r.payload), nil, false
-		case 'f':
-			return nil, readFailure(r.payload), false
-		case 'x':
-			return nil, fmt.Errorf("%w: key %q", ErrConflict, key), false
-		case 't':
-			return nil, fmt.Errorf("%w: key %q", ErrLateRetry, key), false
-		case 'v':
-			return nil, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, r.payload), false
+			return cl.own(ctx, deadline)
+		case replyDone:
+			return replyBytes(r.payload), false, nil
+		case replyFailed:
+			return nil, false, readFailure(r.payload)
+		case replyConflict:
+			return nil, false, fmt.Errorf("%w: key %q", ErrConflict, key)
+		case replyLateRetry:
+			return nil, false, fmt.Errorf("%w: key %q", ErrLateRetry, key)
+		case replyBadRecord:
+			return nil, false, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, r.payload)
 		}
-		// 'b': another owner holds a live lease.
+		// replyBusy: another owner holds a live lease.
 		seen, owner = r.n, r.owner
 		now := time.Now()
-		if c.cfg.wait <= 0 || !now.Before(until) {
+		if c.cfg.wait <= 0 || !now.Before(cl.until) {
 			// Followers with budgets of their own try again themselves.
-			return nil, fmt.Errorf("%w: key %q, attempt %d", ErrInProgress, key, r.n), true
+			return nil, true, fmt.Errorf("%w: key %q, attempt %d", ErrInProgress, key, r.n)
 		}
 		if w == nil {
-			w = c.hub.watch(keys[1])
+			w = c.hub.Watch(cl.keys[1])
 		}
-		d := min(jitter(pause), r.leaseLeft, until.Sub(now))
+		d := min(jitter(pause), r.leaseLeft, cl.until.Sub(now))
 		pause = min(2*pause, c.cfg.pollInterval)
 		if timer == nil {
 			timer = time.NewTimer(d)
@@ -148,9 +151,9 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			timer.Reset(d)
 		}
 		select {
-		case <-w.sig:
-			if msg := w.note.Swap(nil); msg != nil {
-				if r, ok := notified(*msg, fp, owner); ok {
+		case <-w.C():
+			if msg, ok := w.Note(); ok {
+				if r, ok := notified(msg, cl.fp, owner); ok {
 					// Its own copy: the message is shared by every waiter
 					// of the channel, and a result is the caller's to
 					// change (see replyBytes).
@@ -160,9 +163,9 @@ func (c *Client) run(ctx context.Context, key, fp string, until time.Time, fn fu
 			}
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, r.n, ctx.Err()), true
-		case <-c.hub.done:
-			return nil, ErrClosed, false
+			return nil, true, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, r.n, ctx.Err())
+		case <-c.hub.Done():
+			return nil, false, ErrClosed
 		}
 	}
 }
@@ -176,9 +179,9 @@ func jitter(d time.Duration) time.Duration {
 // server: its reply was lost, it timed out, or it was cancelled after it was
 // sent. It did not run when Redis answered with an error, when no
 // connection could be made, or when the call's context ended while it was
-// queued for a pipeline (see batcher).
+// queued for a pipeline.
 func mayHaveRun(err error) bool {
-	if notSent(err) {
+	if pipeline.NotSent(err) {
 		return false
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

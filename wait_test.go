@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 )
 
 // owner starts a Do on c whose fn blocks until the returned finish is
 // called with fn's outcome; it returns once fn has started.
-func startOwner(t *testing.T, c *idem.Client, key string, l *ledger) (finish func(res string, err error), done <-chan error) {
+func startOwner(t *testing.T, c *idem.Client, key string, l *idemtest.Runs) (finish func(res string, err error), done <-chan error) {
 	t.Helper()
 	started := make(chan struct{})
 	outcome := make(chan [2]any, 1)
@@ -23,7 +24,7 @@ func startOwner(t *testing.T, c *idem.Client, key string, l *ledger) (finish fun
 	go func() {
 		_, err := c.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
 			if l != nil {
-				l.add(ctx)
+				l.Add(ctx)
 			}
 			close(started)
 			o := <-outcome
@@ -40,10 +41,10 @@ func startOwner(t *testing.T, c *idem.Client, key string, l *ledger) (finish fun
 }
 
 func TestDuplicatesWaitForTheResult(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const dups = 50
-		clients := []*idem.Client{b.idem(t), b.idem(t)} // two service instances
-		var l ledger
+		clients := []*idem.Client{b.Idem(t), b.Idem(t)} // two service instances
+		var l idemtest.Runs
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		results := make([]string, dups)
@@ -52,7 +53,7 @@ func TestDuplicatesWaitForTheResult(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				res, err := clients[i%2].Do(context.Background(), "pay-1", "fp", func(ctx context.Context) ([]byte, error) {
-					a := l.add(ctx)
+					a := l.Add(ctx)
 					time.Sleep(50 * time.Millisecond)
 					return []byte(fmt.Sprintf("receipt-%d-%d", i, a.Number)), nil
 				})
@@ -61,7 +62,7 @@ func TestDuplicatesWaitForTheResult(t *testing.T) {
 		}
 		close(start)
 		wg.Wait()
-		if n := l.count("pay-1"); n != 1 {
+		if n := l.Count("pay-1"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 		for i := range dups {
@@ -73,15 +74,15 @@ func TestDuplicatesWaitForTheResult(t *testing.T) {
 }
 
 func TestWaiterContextCancelled(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		owner, waiter := b.idem(t), b.idem(t, idem.WithWait(time.Minute))
-		var l ledger
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		owner, waiter := b.Idem(t), b.Idem(t, idem.WithWait(time.Minute))
+		var l idemtest.Runs
 		finish, ownerDone := startOwner(t, owner, "k", &l)
 
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() {
-			_, err := waiter.Do(ctx, "k", "fp", l.fn("dup"))
+			_, err := waiter.Do(ctx, "k", "fp", l.Fn("dup"))
 			errc <- err
 		}()
 		// Cancel once the waiter waits: it has seen the owner busy and
@@ -100,18 +101,18 @@ func TestWaiterContextCancelled(t *testing.T) {
 		if err := <-ownerDone; err != nil {
 			t.Fatalf("owner: %v", err)
 		}
-		if n := l.count("k"); n != 1 {
+		if n := l.Count("k"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 	})
 }
 
 func TestNoWait(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithWait(0))
-		var l ledger
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithWait(0))
+		var l idemtest.Runs
 		finish, done := startOwner(t, c, "k", &l)
-		_, err := c.Do(context.Background(), "k", "fp", l.fn("dup"))
+		_, err := c.Do(context.Background(), "k", "fp", l.Fn("dup"))
 		if !errors.Is(err, idem.ErrInProgress) {
 			t.Fatalf("got %v, want ErrInProgress", err)
 		}
@@ -123,13 +124,13 @@ func TestNoWait(t *testing.T) {
 }
 
 func TestWaitBudgetEnds(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		c := b.idem(t, idem.WithWait(150*time.Millisecond))
-		var l ledger
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		c := b.Idem(t, idem.WithWait(150*time.Millisecond))
+		var l idemtest.Runs
 		finish, done := startOwner(t, c, "k", &l)
 		// From the same Client (shared flight) and from another one.
-		for _, w := range []*idem.Client{c, b.idem(t, idem.WithWait(150*time.Millisecond))} {
-			_, err := w.Do(context.Background(), "k", "fp", l.fn("dup"))
+		for _, w := range []*idem.Client{c, b.Idem(t, idem.WithWait(150*time.Millisecond))} {
+			_, err := w.Do(context.Background(), "k", "fp", l.Fn("dup"))
 			if !errors.Is(err, idem.ErrInProgress) {
 				t.Fatalf("got %v, want ErrInProgress", err)
 			}
@@ -138,17 +139,17 @@ func TestWaitBudgetEnds(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		if n := l.count("k"); n != 1 {
+		if n := l.Count("k"); n != 1 {
 			t.Fatalf("fn ran %d times, want 1", n)
 		}
 	})
 }
 
 // waitFor runs a Do on c in the background and returns its outcome channel.
-func waitFor(c *idem.Client, key string, l *ledger) <-chan [2]any {
+func waitFor(c *idem.Client, key string, l *idemtest.Runs) <-chan [2]any {
 	out := make(chan [2]any, 1)
 	go func() {
-		res, err := c.Do(context.Background(), key, "fp", l.fn("waiter"))
+		res, err := c.Do(context.Background(), key, "fp", l.Fn("waiter"))
 		out <- [2]any{string(res), err}
 	}()
 	return out
@@ -173,7 +174,7 @@ func mustBeWoken(t *testing.T, since time.Time) {
 // the recheck after its confirmation has had time to pass.
 func awaitSubscribed(t *testing.T, waiter *idem.Client) {
 	t.Helper()
-	eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+	idemtest.Eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
 	time.Sleep(20 * time.Millisecond)
 }
 
@@ -188,11 +189,11 @@ func woken(t *testing.T, out <-chan [2]any) [2]any {
 }
 
 func TestWokenByPubSubAlone(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		owner := b.idem(t)
-		waiter := b.idem(t, idem.WithWait(wakeBudget))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		owner := b.Idem(t)
+		waiter := b.Idem(t, idem.WithWait(wakeBudget))
 		idem.NoPolling(waiter)
-		var l ledger
+		var l idemtest.Runs
 		finish, done := startOwner(t, owner, "k", &l)
 		out := waitFor(waiter, "k", &l)
 		awaitSubscribed(t, waiter)
@@ -204,20 +205,20 @@ func TestWokenByPubSubAlone(t *testing.T) {
 		if got[1] != nil || got[0] != "ok" {
 			t.Fatalf("waiter: got %v; want the owner's result (a wake-up by pub/sub, not the wait's end)", got)
 		}
-		eventually(t, 5*time.Second, "the unsubscribe", func() bool { return idem.Subscribed(waiter) == 0 })
+		idemtest.Eventually(t, 5*time.Second, "the unsubscribe", func() bool { return idem.Subscribed(waiter) == 0 })
 	})
 }
 
 func TestPubSubKilledWhileWaiting(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	owner := b.idem(t)
-	waiter := b.idem(t, idem.WithWait(wakeBudget))
+	b := idemtest.Redis(t, redistest.Config{})
+	owner := b.Idem(t)
+	waiter := b.Idem(t, idem.WithWait(wakeBudget))
 	idem.NoPolling(waiter)
-	var l ledger
+	var l idemtest.Runs
 	finish, done := startOwner(t, owner, "k", &l)
 	out := waitFor(waiter, "k", &l)
 	awaitSubscribed(t, waiter)
-	if n := b.srv.KillPubSub(t); n != 1 {
+	if n := b.Srv.KillPubSub(t); n != 1 {
 		t.Fatalf("killed %d pub/sub connections, want 1", n)
 	}
 	// The owner completes while the subscriber is reconnecting: its
@@ -233,14 +234,14 @@ func TestPubSubKilledWhileWaiting(t *testing.T) {
 }
 
 func TestLostPublishEndsByPolling(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		owner := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		owner := b.Idem(t)
 		idem.LosePublishes(owner)
-		waiter := b.idem(t, idem.WithWait(10*time.Second), idem.WithPollInterval(50*time.Millisecond))
-		var l ledger
+		waiter := b.Idem(t, idem.WithWait(10*time.Second), idem.WithPollInterval(50*time.Millisecond))
+		var l idemtest.Runs
 		finish, done := startOwner(t, owner, "k", &l)
 		out := waitFor(waiter, "k", &l)
-		eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+		idemtest.Eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
 		time.Sleep(100 * time.Millisecond)
 		finish("ok", nil)
 		if err := <-done; err != nil {
@@ -251,16 +252,16 @@ func TestLostPublishEndsByPolling(t *testing.T) {
 		if got[1] != nil || got[0] != "ok" {
 			t.Fatalf("waiter: got %v; want the owner's result", got)
 		}
-		t.Logf("%s: the waiter found the result %v after the completion (poll interval 50ms)", b.name, time.Since(t0))
+		t.Logf("%s: the waiter found the result %v after the completion (poll interval 50ms)", b.Name, time.Since(t0))
 	})
 }
 
 func TestNotificationInTheSubscribeGap(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		owner := b.idem(t)
-		waiter := b.idem(t, idem.WithWait(wakeBudget))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		owner := b.Idem(t)
+		waiter := b.Idem(t, idem.WithWait(wakeBudget))
 		idem.NoPolling(waiter)
-		var l ledger
+		var l idemtest.Runs
 		finish, done := startOwner(t, owner, "k", &l)
 		// After the waiter saw "busy" and before it subscribes, the owner
 		// completes and publishes to nobody.
@@ -271,7 +272,7 @@ func TestNotificationInTheSubscribeGap(t *testing.T) {
 			}
 		})
 		t0 := time.Now()
-		res, err := waiter.Do(context.Background(), "k", "fp", l.fn("waiter"))
+		res, err := waiter.Do(context.Background(), "k", "fp", l.Fn("waiter"))
 		mustBeWoken(t, t0)
 		if err != nil || string(res) != "ok" {
 			t.Fatalf("waiter: got %q, %v; want the owner's result from the recheck after subscribing", res, err)
@@ -280,10 +281,10 @@ func TestNotificationInTheSubscribeGap(t *testing.T) {
 }
 
 func TestReleaseHandsOverToAWaiter(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		owner, waiter := b.idem(t), b.idem(t, idem.WithWait(wakeBudget))
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		owner, waiter := b.Idem(t), b.Idem(t, idem.WithWait(wakeBudget))
 		idem.NoPolling(waiter)
-		var l ledger
+		var l idemtest.Runs
 		finish, done := startOwner(t, owner, "k", &l)
 		out := waitFor(waiter, "k", &l)
 		awaitSubscribed(t, waiter)
@@ -296,20 +297,20 @@ func TestReleaseHandsOverToAWaiter(t *testing.T) {
 		if got[1] != nil || got[0] != "waiter#2" {
 			t.Fatalf("waiter: got %v; want it to take over as attempt 2", got)
 		}
-		if runs := fmt.Sprint(l.runs("k")); runs != "[1 2]" {
+		if runs := fmt.Sprint(l.Of("k")); runs != "[1 2]" {
 			t.Fatalf("attempts that ran: %s, want [1 2]", runs)
 		}
 	})
 }
 
 func TestCloseEndsWaiters(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		owner := b.idem(t)
-		waiter := idem.New(b.client(t), idem.WithWait(time.Minute))
-		var l ledger
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		owner := b.Idem(t)
+		waiter := idem.New(b.Client(t), idem.WithWait(time.Minute))
+		var l idemtest.Runs
 		finish, done := startOwner(t, owner, "k", &l)
 		out := waitFor(waiter, "k", &l)
-		eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+		idemtest.Eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
 		if err := waiter.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -325,24 +326,24 @@ func TestCloseEndsWaiters(t *testing.T) {
 }
 
 func TestRecordExpiresWhileWaiting(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	c := b.idem(t, idem.WithWait(10*time.Second), idem.WithPollInterval(20*time.Millisecond))
+	b := idemtest.Redis(t, redistest.Config{})
+	c := b.Idem(t, idem.WithWait(10*time.Second), idem.WithPollInterval(20*time.Millisecond))
 	rk := idem.RecordKey(c, "k")
 	// A dead owner's claim with an hour of lease left, deleted 200ms after
 	// the waiter started (by Forget, or evicted under a volatile-* policy).
-	b.do(t, "SET", rk, inProgress("dead", 3, 2*time.Hour, time.Hour), "PX", 2*time.Hour.Milliseconds())
-	rdb := b.client(t)
+	b.Do(t, "SET", rk, idemtest.InProgress("dead", 3, 2*time.Hour, time.Hour), "PX", 2*time.Hour.Milliseconds())
+	rdb := b.Client(t)
 	time.AfterFunc(200*time.Millisecond, func() {
 		if err := rdb.Del(context.Background(), rk).Err(); err != nil {
 			t.Errorf("delete the record: %v", err)
 		}
 	})
-	var l ledger
-	_, err := c.Do(context.Background(), "k", "fp", l.fn("x"))
+	var l idemtest.Runs
+	_, err := c.Do(context.Background(), "k", "fp", l.Fn("x"))
 	if !errors.Is(err, idem.ErrExpired) || !strings.Contains(err.Error(), "attempt 3") {
 		t.Fatalf("got %v, want ErrExpired naming attempt 3", err)
 	}
-	if n := l.count("k"); n != 0 {
+	if n := l.Count("k"); n != 0 {
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
 }
@@ -351,23 +352,23 @@ func TestManyWaitersShareOneSubscriber(t *testing.T) {
 	if testing.Short() {
 		t.Skip("5,000 waiters: skipped in -short")
 	}
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	const keys = 5000
 	// Margins for a loaded machine, where 10,000 completions and claims
 	// can take many seconds: the owners' lease is long, so that a waiter's
 	// first poll (capped by the lease left) comes minutes after any
 	// wake-up by pub/sub, and their outcomes have minutes to be stored.
-	owner := b.idem(t, idem.WithLease(5*time.Minute), idem.WithStoreTimeout(2*time.Minute))
-	waiter := b.idem(t, idem.WithWait(10*time.Minute))
+	owner := b.Idem(t, idem.WithLease(5*time.Minute), idem.WithStoreTimeout(2*time.Minute))
+	waiter := b.Idem(t, idem.WithWait(10*time.Minute))
 	idem.NoPolling(waiter)
-	var l ledger
+	var l idemtest.Runs
 	release := make(chan struct{})
 	var owners, waiters sync.WaitGroup
 	started := make(chan struct{}, keys)
 	for i := range keys {
 		owners.Go(func() {
 			_, err := owner.Do(context.Background(), fmt.Sprint("k", i), "fp", func(ctx context.Context) ([]byte, error) {
-				l.add(ctx)
+				l.Add(ctx)
 				started <- struct{}{}
 				<-release
 				return []byte(fmt.Sprint("r", i)), nil
@@ -383,15 +384,15 @@ func TestManyWaitersShareOneSubscriber(t *testing.T) {
 	errs := make(chan error, keys)
 	for i := range keys {
 		waiters.Go(func() {
-			res, err := waiter.Do(context.Background(), fmt.Sprint("k", i), "fp", l.fn("dup"))
+			res, err := waiter.Do(context.Background(), fmt.Sprint("k", i), "fp", l.Fn("dup"))
 			if err == nil && string(res) != fmt.Sprint("r", i) {
 				err = fmt.Errorf("key k%d: got %q", i, res)
 			}
 			errs <- err
 		})
 	}
-	eventually(t, 2*time.Minute, "5,000 subscriptions", func() bool { return idem.Subscribed(waiter) == keys })
-	list := b.do(t, "CLIENT", "LIST", "TYPE", "pubsub").(string)
+	idemtest.Eventually(t, 2*time.Minute, "5,000 subscriptions", func() bool { return idem.Subscribed(waiter) == keys })
+	list := b.Do(t, "CLIENT", "LIST", "TYPE", "pubsub").(string)
 	if n := strings.Count(list, "\n"); n != 1 {
 		t.Fatalf("%d pub/sub connections, want 1:\n%s", n, list)
 	}
@@ -411,11 +412,11 @@ func TestManyWaitersShareOneSubscriber(t *testing.T) {
 		}
 	}
 	for i := range keys {
-		if n := l.count(fmt.Sprint("k", i)); n != 1 {
+		if n := l.Count(fmt.Sprint("k", i)); n != 1 {
 			t.Fatalf("key k%d: fn ran %d times", i, n)
 		}
 	}
-	eventually(t, 10*time.Second, "all unsubscribed", func() bool { return idem.Subscribed(waiter) == 0 })
+	idemtest.Eventually(t, 10*time.Second, "all unsubscribed", func() bool { return idem.Subscribed(waiter) == 0 })
 }
 
 // A waiter trusts an outcome in a notification only from the owner it saw
@@ -423,26 +424,26 @@ func TestManyWaitersShareOneSubscriber(t *testing.T) {
 // (a stale one, or anyone's PUBLISH) only makes it claim again, and it
 // goes on waiting until its owner's own outcome comes.
 func TestNotificationOutcomeOnlyFromTheOwner(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		owner := b.idem(t)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		owner := b.Idem(t)
 		// No polling: the first poll an hour away (NoPolling), and the
 		// later ones too (a wait after the first backs off to the poll
 		// interval).
-		waiter, wc := countedIdem(t, b.client(t), idem.WithWait(time.Minute), idem.WithPollInterval(time.Hour))
+		waiter, wc := countedIdem(t, b.Client(t), idem.WithWait(time.Minute), idem.WithPollInterval(time.Hour))
 		idem.NoPolling(waiter)
-		var l ledger
+		var l idemtest.Runs
 		finish, done := startOwner(t, owner, "k", &l)
 		w0 := wc.snapshot()
 		out := waitFor(waiter, "k", &l)
 		awaitSubscribed(t, waiter)
-		eventually(t, 10*time.Second, "the waiter's claim after its subscription", func() bool {
+		idemtest.Eventually(t, 10*time.Second, "the waiter's claim after its subscription", func() bool {
 			return wc.snapshot().since(w0).cmds["evalsha claim"] >= 2
 		})
 		// A finished record as complete.lua publishes it, of attempt 1 by
 		// another owner (its token is 16 bytes, as newToken's are).
 		forged := "1d\x00\x10" + strings.Repeat("o", 16) + "1:forged"
-		b.do(t, "PUBLISH", idem.ChannelKey(waiter, "k"), forged)
-		eventually(t, 10*time.Second, "the waiter's claim after the forged notification", func() bool {
+		b.Do(t, "PUBLISH", idem.ChannelKey(waiter, "k"), forged)
+		idemtest.Eventually(t, 10*time.Second, "the waiter's claim after the forged notification", func() bool {
 			return wc.snapshot().since(w0).cmds["evalsha claim"] >= 3
 		})
 		select {
@@ -457,7 +458,7 @@ func TestNotificationOutcomeOnlyFromTheOwner(t *testing.T) {
 		if got := <-out; got[1] != nil || got[0] != "real" {
 			t.Fatalf("waiter: got %v, want the owner's result", got)
 		}
-		faultRuns(t, &l, "k", "[1]")
+		l.Want(t, "k", "[1]")
 		if n := wc.snapshot().since(w0).cmds["evalsha claim"]; n != 3 {
 			t.Errorf("the waiter claimed %d times; want 3 (busy, after the subscription, after the forged notification): its owner's notification carries the outcome", n)
 		}

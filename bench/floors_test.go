@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/internal/benchrun"
 	"github.com/idem-go/idem/internal/redistest"
 	"go.uber.org/goleak"
 )
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestFloors(t *testing.T) {
 	addr := redistest.Start(t, redistest.Config{}).Addr()
 	ctx := context.Background()
-	p := benchPayload(payloadSize)
+	p := benchrun.Payload(payloadSize)
 	admin := newGoRedis(t, addr)
 	floors := []*floor{goRedisFloor(newGoRedis(t, addr), p), valkeyFloor(t, addr, p), rueidisFloor(t, addr, p)}
 	for _, f := range floors {
@@ -81,7 +82,7 @@ func TestFloors(t *testing.T) {
 func TestIdemSide(t *testing.T) {
 	addr := redistest.Start(t, redistest.Config{}).Addr()
 	ctx := context.Background()
-	p := benchPayload(payloadSize)
+	p := benchrun.Payload(payloadSize)
 	rdb := newGoRedis(t, addr)
 	sides := newSides(t, addr, p)
 	key := "test-idem"
@@ -103,24 +104,24 @@ func TestIdemSide(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n != 1 {
-		t.Errorf("no record at %s after Do: benchKeys would not delete idem's records", idemKey(key))
+		t.Errorf("no record at %s after Do: benchrun.Keys would not delete idem's records", idemKey(key))
 	}
 }
 
 // TestBenchKeys checks that a run's records, every side's, are deleted by
-// flush, and that keys are unique across runs.
+// benchrun.Keys.Flush, and that keys are unique across runs.
 func TestBenchKeys(t *testing.T) {
 	addr := redistest.Start(t, redistest.Config{}).Addr()
 	ctx := context.Background()
-	p := benchPayload(payloadSize)
+	p := benchrun.Payload(payloadSize)
 	rdb := newGoRedis(t, addr)
 	sides := newSides(t, addr, p)
 	seen := map[string]bool{}
 	for _, s := range sides {
-		ks := newBenchKeys(t, rdb, s.record, len(p))
+		ks := benchrun.NewKeys(t, rdb, s.record, len(p))
 		var records []string
 		for range 3 {
-			key := ks.next()
+			key := ks.Next()
 			if seen[key] {
 				t.Fatalf("key %q handed out twice", key)
 			}
@@ -133,7 +134,7 @@ func TestBenchKeys(t *testing.T) {
 		if n, err := rdb.Exists(ctx, records...).Result(); err != nil || n != 3 {
 			t.Fatalf("%s: %d of %v exist (%v), want 3", s.name, n, records, err)
 		}
-		ks.flush()
+		ks.Flush()
 		if n, err := rdb.Exists(ctx, records...).Result(); err != nil || n != 0 {
 			t.Errorf("%s: %d of %v exist after flush (%v), want 0", s.name, n, records, err)
 		}

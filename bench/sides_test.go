@@ -41,9 +41,6 @@ const (
 	benchRetention   = 24 * time.Hour     // idem's default, for the raw TTL too
 	rawToken         = "0123456789abcdef" // as long as idem's owner token
 	payloadSize      = 100
-	// flushBytes bounds the results that a run leaves in Redis before it
-	// deletes them.
-	flushBytes = 32 << 20
 )
 
 // retentionMs is the raw claim's TTL argument, as text for the clients
@@ -52,15 +49,6 @@ var retentionMs = strconv.FormatInt(benchRetention.Milliseconds(), 10)
 
 // benchRuns makes the keys of every run unique.
 var benchRuns atomic.Int64
-
-// benchPayload is the result of every new key, as the root's.
-func benchPayload(n int) []byte {
-	p := make([]byte, n)
-	for i := range p {
-		p[i] = 'a' + byte(i%26)
-	}
-	return p
-}
 
 // rawKey is the raw floor's record key, built as idem builds its own.
 func rawKey(key string) string { return "raw:{" + key + "}" }
@@ -206,51 +194,4 @@ func newSides(tb testing.TB, addr string, p []byte) [nSides]side {
 		record: idemKey,
 	}
 	return sides
-}
-
-// benchKeys hands out the new keys of one side in one run and deletes
-// their records once they hold flushBytes of results, and when the run
-// ends, so that records do not pile up in Redis.
-type benchKeys struct {
-	tb      testing.TB
-	rdb     *redis.Client
-	prefix  string
-	record  func(key string) string // the Redis key of a key's record
-	size    int                     // result bytes per record
-	n       atomic.Int64            // keys handed out
-	flushed int64                   // keys deleted, in order; owned by flush
-}
-
-func newBenchKeys(tb testing.TB, rdb *redis.Client, record func(string) string, size int) *benchKeys {
-	ks := &benchKeys{tb: tb, rdb: rdb, record: record, size: size,
-		prefix: "f" + strconv.FormatInt(benchRuns.Add(1), 10) + ":"}
-	tb.Cleanup(ks.flush)
-	return ks
-}
-
-// next returns a new key, in one allocation as a caller would.
-func (ks *benchKeys) next() string {
-	var buf [48]byte
-	return string(strconv.AppendInt(append(buf[:0], ks.prefix...), ks.n.Add(1)-1, 10))
-}
-
-// full reports whether the records not yet deleted hold flushBytes.
-func (ks *benchKeys) full() bool { return (ks.n.Load()-ks.flushed)*int64(ks.size) >= flushBytes }
-
-// flush deletes the records of the keys handed out so far. Not for use
-// beside next.
-func (ks *benchKeys) flush() {
-	n := ks.n.Load()
-	for ks.flushed < n {
-		end := min(ks.flushed+1000, n)
-		keys := make([]string, 0, end-ks.flushed)
-		for i := ks.flushed; i < end; i++ {
-			keys = append(keys, ks.record(ks.prefix+strconv.FormatInt(i, 10)))
-		}
-		if err := ks.rdb.Unlink(context.Background(), keys...).Err(); err != nil {
-			ks.tb.Errorf("bench: delete the run's records: %v", err)
-			return
-		}
-		ks.flushed = end
-	}
 }

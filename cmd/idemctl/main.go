@@ -436,7 +436,7 @@ func forget(ctx context.Context, o options, rdb redis.UniversalClient, arg strin
 func check(ctx context.Context, o options, rdb redis.UniversalClient, out *printer) error {
 	c := client(o, rdb)
 	defer c.Close()
-	servers, err := c.CheckServers(ctx)
+	servers, err := c.Check(ctx)
 	if servers == nil && err != nil {
 		return err
 	}

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -207,7 +208,7 @@ func countedIdem(tb testing.TB, rdb *redis.Client, opts ...idem.Option) (*idem.C
 	rdb.AddHook(ctr)
 	c := idem.New(rdb, opts...)
 	tb.Cleanup(func() { _ = c.Close() })
-	eventually(tb, 10*time.Second, "the eviction policy check", func() bool {
+	idemtest.Eventually(tb, 10*time.Second, "the eviction policy check", func() bool {
 		return ctr.snapshot().cmds["config get"] == 1
 	})
 	return c, ctr
@@ -226,9 +227,9 @@ func expectTrips(t *testing.T, what string, got cmdCounts, trips int, want map[s
 // cmdStats returns the calls of every command from the server's INFO
 // commandstats, by name ("evalsha", "client|setinfo"). Commands that
 // scripts run count too.
-func cmdStats(t *testing.T, b *backend) map[string]int {
+func cmdStats(t *testing.T, b *idemtest.Backend) map[string]int {
 	t.Helper()
-	info, _ := b.srv.Do(t, "INFO", "commandstats").(string)
+	info, _ := b.Srv.Do(t, "INFO", "commandstats").(string)
 	m := make(map[string]int)
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
@@ -263,15 +264,15 @@ func statsSince(before, now map[string]int, names ...string) map[string]int {
 var idemServerCmds = []string{"evalsha", "eval", "subscribe", "unsubscribe", "ssubscribe", "sunsubscribe", "publish"}
 
 func TestRoundTrips(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
-		c, ctr := countedIdem(t, b.client(t))
+		c, ctr := countedIdem(t, b.Client(t))
 		var stats0 map[string]int
-		if b.srv != nil {
+		if b.Srv != nil {
 			stats0 = cmdStats(t, b)
 		}
 		start := ctr.snapshot()
-		var l ledger
+		var l idemtest.Runs
 		measure := func(what string, trips int, want map[string]int, run func()) {
 			t.Helper()
 			before := ctr.snapshot()
@@ -291,14 +292,14 @@ func TestRoundTrips(t *testing.T) {
 		// EVALSHA (NOSCRIPT) then EVAL. This warms claim and complete.
 		measure("new key, scripts not yet cached", 4, map[string]int{
 			"evalsha claim": 1, "eval claim": 1, "evalsha complete": 1, "eval complete": 1,
-		}, func() { mustDo("cold", "fp", l.fn("r")) })
+		}, func() { mustDo("cold", "fp", l.Fn("r")) })
 
 		measure("new key", 2, map[string]int{"evalsha claim": 1, "evalsha complete": 1},
-			func() { mustDo("k", "fp", l.fn("r")) })
+			func() { mustDo("k", "fp", l.Fn("r")) })
 		measure("replay", 1, map[string]int{"evalsha claim": 1},
-			func() { mustDo("k", "fp", l.fn("r")) })
+			func() { mustDo("k", "fp", l.Fn("r")) })
 		measure("conflict with a done key", 1, map[string]int{"evalsha claim": 1}, func() {
-			if _, err := c.Do(ctx, "k", "other", l.fn("r")); !errors.Is(err, idem.ErrConflict) {
+			if _, err := c.Do(ctx, "k", "other", l.Fn("r")); !errors.Is(err, idem.ErrConflict) {
 				t.Fatalf("got %v, want ErrConflict", err)
 			}
 		})
@@ -326,7 +327,7 @@ func TestRoundTrips(t *testing.T) {
 			}
 		})
 		measure("new key after a release (attempt 2)", 2, map[string]int{"evalsha claim": 1, "evalsha complete": 1},
-			func() { mustDo("t", "fp", l.fn("r")) })
+			func() { mustDo("t", "fp", l.Fn("r")) })
 		perm := func(context.Context) ([]byte, error) { return nil, idem.Permanent(boom) }
 		measure("permanent error (stored)", 2, map[string]int{"evalsha claim": 1, "evalsha complete": 1}, func() {
 			if _, err := c.Do(ctx, "p", "fp", perm); !errors.Is(err, boom) {
@@ -345,7 +346,7 @@ func TestRoundTrips(t *testing.T) {
 		// Redis nothing, so the owner's completion is all that is sent.
 		finish, done := startOwner(t, c, "busy", &l)
 		measure("conflict with a key in progress", 1, map[string]int{"evalsha claim": 1}, func() {
-			if _, err := c.Do(ctx, "busy", "other", l.fn("r")); !errors.Is(err, idem.ErrConflict) {
+			if _, err := c.Do(ctx, "busy", "other", l.Fn("r")); !errors.Is(err, idem.ErrConflict) {
 				t.Fatalf("got %v, want ErrConflict", err)
 			}
 		})
@@ -353,7 +354,7 @@ func TestRoundTrips(t *testing.T) {
 			var wg sync.WaitGroup
 			for range 10 {
 				wg.Go(func() {
-					if res, err := c.Do(ctx, "busy", "fp", l.fn("dup")); err != nil || string(res) != "ok" {
+					if res, err := c.Do(ctx, "busy", "fp", l.Fn("dup")); err != nil || string(res) != "ok" {
 						t.Errorf("duplicate: got %q, %v; want the owner's result", res, err)
 					}
 				})
@@ -367,11 +368,11 @@ func TestRoundTrips(t *testing.T) {
 			}
 			wg.Wait()
 		})
-		if n := l.count("busy"); n != 1 {
+		if n := l.Count("busy"); n != 1 {
 			t.Fatalf("fn ran %d times for the busy key, want 1", n)
 		}
 
-		if b.srv == nil {
+		if b.Srv == nil {
 			return
 		}
 		// The server saw what the hook saw: every script call went through it.
@@ -400,15 +401,15 @@ func TestRoundTrips(t *testing.T) {
 // claim; a large one it claims a third time to read. Polling is off
 // (NoPolling), so no timer adds a claim.
 func TestRoundTripsWaiter(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
-		owner, oc := countedIdem(t, b.client(t))
-		waiter, wc := countedIdem(t, b.client(t))
+		owner, oc := countedIdem(t, b.Client(t))
+		waiter, wc := countedIdem(t, b.Client(t))
 		idem.NoPolling(waiter)
-		var l ledger
+		var l idemtest.Runs
 		// Cache the scripts.
 		for _, c := range []*idem.Client{owner, waiter} {
-			if _, err := c.Do(ctx, "warm", "fp", l.fn("warm")); err != nil {
+			if _, err := c.Do(ctx, "warm", "fp", l.Fn("warm")); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -426,13 +427,13 @@ func TestRoundTripsWaiter(t *testing.T) {
 			key := fmt.Sprint("w", round)
 			o0, w0 := oc.snapshot(), wc.snapshot()
 			var stats0 map[string]int
-			if b.srv != nil {
+			if b.Srv != nil {
 				stats0 = cmdStats(t, b)
 			}
 
 			finish, done := startOwner(t, owner, key, &l)
 			out := waitFor(waiter, key, &l)
-			eventually(t, 10*time.Second, "the waiter's claim after its subscription was confirmed", func() bool {
+			idemtest.Eventually(t, 10*time.Second, "the waiter's claim after its subscription was confirmed", func() bool {
 				return wc.snapshot().since(w0).cmds["evalsha claim"] >= 2
 			})
 			finish(tc.result, nil)
@@ -451,17 +452,17 @@ func TestRoundTripsWaiter(t *testing.T) {
 				wgot = wgot.withoutHandshakes()
 			}
 			expectTrips(t, what+", waiter", wgot, tc.claims, map[string]int{"evalsha claim": tc.claims})
-			if n := l.count(key); n != 1 {
+			if n := l.Count(key); n != 1 {
 				t.Fatalf("fn ran %d times, want 1", n)
 			}
 
-			if b.srv == nil {
+			if b.Srv == nil {
 				continue
 			}
 			// The UNSUBSCRIBE is written after Do returns, in the
 			// background; wait until the server has counted it.
 			var server map[string]int
-			eventually(t, 10*time.Second, "the server's count of the UNSUBSCRIBE", func() bool {
+			idemtest.Eventually(t, 10*time.Second, "the server's count of the UNSUBSCRIBE", func() bool {
 				server = statsSince(stats0, cmdStats(t, b), idemServerCmds...)
 				return server["unsubscribe"] >= 1
 			})
@@ -483,8 +484,8 @@ func TestRoundTripsWaiter(t *testing.T) {
 // hash field longer than hash-max-listpack-value (64 bytes by default)
 // turns the whole hash into a hashtable, as a 100-byte result does.
 func TestRecordMemory(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	c := b.idem(t)
+	b := idemtest.Redis(t, redistest.Config{})
+	c := b.Idem(t)
 	ctx := context.Background()
 	result := []byte(strings.Repeat("r", 100))
 	const (
@@ -493,9 +494,9 @@ func TestRecordMemory(t *testing.T) {
 	)
 
 	usage := func(key string) string {
-		n, _ := b.do(t, "MEMORY", "USAGE", key, "SAMPLES", "0").(int64)
-		enc, _ := b.do(t, "OBJECT", "ENCODING", key).(string)
-		b.do(t, "DEL", key)
+		n, _ := b.Do(t, "MEMORY", "USAGE", key, "SAMPLES", "0").(int64)
+		enc, _ := b.Do(t, "OBJECT", "ENCODING", key).(string)
+		b.Do(t, "DEL", key)
 		return fmt.Sprintf("%d bytes (%s)", n, enc)
 	}
 	bytes := func(usage string) int64 {
@@ -510,9 +511,9 @@ func TestRecordMemory(t *testing.T) {
 		rk := idem.RecordKey(c, key)
 		plain := strings.Repeat("p", len(rk)) // keys of the same length
 		rec := usage(rk)
-		b.do(t, "HSET", plain, "res", result)
+		b.Do(t, "HSET", plain, "res", result)
 		hash := usage(plain)
-		b.do(t, "SET", plain, result)
+		b.Do(t, "SET", plain, result)
 		str := usage(plain)
 		overHash, overString = bytes(rec)-bytes(hash), bytes(rec)-bytes(str)
 		t.Logf("%s: a record of a %d-byte result takes %s; a hash of the result alone %s, a string %s: overhead %d bytes over the hash, %d over the string",
@@ -531,7 +532,7 @@ func TestRecordMemory(t *testing.T) {
 		}
 	}
 	// For comparison: with a limit that keeps small hashes in a listpack.
-	b.do(t, "CONFIG", "SET", "hash-max-listpack-value", "128")
+	b.Do(t, "CONFIG", "SET", "hash-max-listpack-value", "128")
 	measure("hash-max-listpack-value 128, with a fingerprint", "order-3", "fp")
 }
 
@@ -542,7 +543,7 @@ func TestRoundTripsWithReplicas(t *testing.T) {
 	primary := redistest.Start(t, redistest.Config{Extra: []string{"repl-diskless-sync-delay 0"}})
 	_, port, _ := net.SplitHostPort(primary.Addr())
 	replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + port}})
-	eventually(t, 10*time.Second, "the replica's sync", func() bool {
+	idemtest.Eventually(t, 10*time.Second, "the replica's sync", func() bool {
 		info, _ := replica.Do(t, "INFO", "replication").(string)
 		return strings.Contains(info, "master_link_status:up")
 	})
@@ -550,14 +551,14 @@ func TestRoundTripsWithReplicas(t *testing.T) {
 	// A replica's acknowledgement can take seconds on a loaded machine;
 	// WAIT's timeout stays under the read timeout, which bounds it.
 	c, ctr := countedIdem(t, primary.Client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second }), idem.WithReplicas(1, 10*time.Second))
-	var l ledger
-	if _, err := c.Do(ctx, "warm", "fp", l.fn("r")); err != nil { // caches the scripts
+	var l idemtest.Runs
+	if _, err := c.Do(ctx, "warm", "fp", l.Fn("r")); err != nil { // caches the scripts
 		t.Fatal(err)
 	}
 	measure := func(what string, trips int, want map[string]int, key, fp string) {
 		t.Helper()
 		before := ctr.snapshot()
-		if _, err := c.Do(ctx, key, fp, l.fn("r")); err != nil && !errors.Is(err, idem.ErrConflict) {
+		if _, err := c.Do(ctx, key, fp, l.Fn("r")); err != nil && !errors.Is(err, idem.ErrConflict) {
 			t.Fatal(err)
 		}
 		expectTrips(t, what, ctr.snapshot().since(before), trips, want)

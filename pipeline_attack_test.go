@@ -33,6 +33,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -125,19 +126,19 @@ type pinned struct {
 	g   *gate
 	ctr *cmdCounter
 	rec *pipeRecorder
-	l   ledger
+	l   idemtest.Runs
 	ab  [2]chan callResult
 }
 
-func newPinned(t *testing.T, b *backend, pipe func([]redis.Cmder) bool, ro func(*redis.Options), opts ...idem.Option) *pinned {
+func newPinned(t *testing.T, b *idemtest.Backend, pipe func([]redis.Cmder) bool, ro func(*redis.Options), opts ...idem.Option) *pinned {
 	t.Helper()
-	faultLoadScripts(t, b)
+	idemtest.LoadScripts(t, b)
 	p := &pinned{ctr: new(cmdCounter), rec: new(pipeRecorder)}
 	rkA, rkB := recordKey(t, b, "a"), recordKey(t, b, "b")
 	p.g = newGate(t, func(cmd redis.Cmder) bool {
 		return isScriptOn(cmd, "claim", rkA) || isScriptOn(cmd, "claim", rkB)
 	}, pipe)
-	rdb := b.client(t, func(o *redis.Options) {
+	rdb := b.Client(t, func(o *redis.Options) {
 		o.MinRetryBackoff = time.Millisecond
 		o.MaxRetryBackoff = 2 * time.Millisecond
 		if ro != nil {
@@ -153,18 +154,18 @@ func newPinned(t *testing.T, b *backend, pipe func([]redis.Cmder) bool, ro func(
 	for i, key := range []string{"a", "b"} {
 		p.ab[i] = make(chan callResult, 1)
 		go func() {
-			res, err := p.c.Do(context.Background(), key, "fp", p.l.fn("r-"+key))
+			res, err := p.c.Do(context.Background(), key, "fp", p.l.Fn("r-"+key))
 			p.ab[i] <- callResult{string(res), err}
 		}()
 	}
-	eventually(t, 10*time.Second, "the claims of a and b held", func() bool { return p.g.cmdsHeld.Load() == 2 })
+	idemtest.Eventually(t, 10*time.Second, "the claims of a and b held", func() bool { return p.g.cmdsHeld.Load() == 2 })
 	return p
 }
 
 // recordKey is the Redis key of key's record for a Client with the
 // default prefix.
-func recordKey(t *testing.T, b *backend, key string) string {
-	return idem.RecordKey(b.idem(t), key)
+func recordKey(t *testing.T, b *idemtest.Backend, key string) string {
+	return idem.RecordKey(b.Idem(t), key)
 }
 
 // queue starts Do for each key, with ctxs[i] or a background context, one
@@ -174,7 +175,7 @@ func (p *pinned) queue(t *testing.T, keys []string, ctxs ...context.Context) []c
 	t.Helper()
 	calls := make([]call, len(keys))
 	for i, key := range keys {
-		calls[i] = call{key: key, fp: "fp", fn: p.l.fn("r-" + key)}
+		calls[i] = call{key: key, fp: "fp", fn: p.l.Fn("r-" + key)}
 		if i < len(ctxs) {
 			calls[i].ctx = ctxs[i]
 		}
@@ -207,10 +208,10 @@ func (p *pinned) queueCalls(t *testing.T, calls []call, inOrder bool) []chan cal
 		}()
 		if inOrder {
 			// One at a time: the pipeline carries them in this order.
-			eventually(t, 10*time.Second, "the call queued", func() bool { return idem.Queued(p.c) == i+1 })
+			idemtest.Eventually(t, 10*time.Second, "the call queued", func() bool { return idem.Queued(p.c) == i+1 })
 		}
 	}
-	eventually(t, 20*time.Second, "the calls queued", func() bool { return idem.Queued(p.c) == len(calls) })
+	idemtest.Eventually(t, 20*time.Second, "the calls queued", func() bool { return idem.Queued(p.c) == len(calls) })
 	return out
 }
 
@@ -245,7 +246,7 @@ func recv[T any](t *testing.T, ch <-chan T) T {
 // goroutine before that goroutine can release anything; in a pipeline, a
 // sender writes it, and the caller may leave first.
 func TestAttackGiveBackOvertakesPipelinedClaim(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		rk := recordKey(t, b, "victim")
 		p := newPinned(t, b, func(cmds []redis.Cmder) bool { return anyScriptOn(cmds, "claim", rk) },
 			nil, idem.WithLease(time.Minute))
@@ -253,7 +254,7 @@ func TestAttackGiveBackOvertakesPipelinedClaim(t *testing.T) {
 		defer cancel()
 		results := p.queue(t, []string{"victim", "other"}, ctx)
 		p.g.openCmds() // a's and b's claims go; a sender takes the queue
-		eventually(t, 10*time.Second, "the pipeline taken by a sender", func() bool { return p.g.pipesHeld.Load() == 1 })
+		idemtest.Eventually(t, 10*time.Second, "the pipeline taken by a sender", func() bool { return p.g.pipesHeld.Load() == 1 })
 		cancel()
 		r := recv(t, results[0])
 		if !errors.Is(r.err, context.Canceled) || !strings.Contains(r.err.Error(), "claim") {
@@ -268,7 +269,7 @@ func TestAttackGiveBackOvertakesPipelinedClaim(t *testing.T) {
 			t.Errorf("BUG: %d releases sent while the pipeline with the victim's claim is held", n)
 		}
 		p.g.openPipes()
-		eventually(t, 10*time.Second, "the victim's release sent", func() bool {
+		idemtest.Eventually(t, 10*time.Second, "the victim's release sent", func() bool {
 			return p.ctr.snapshot().cmds["evalsha release"] >= 1
 		})
 		if r := recv(t, results[1]); r.err != nil || r.res != "r-other#1" {
@@ -276,12 +277,12 @@ func TestAttackGiveBackOvertakesPipelinedClaim(t *testing.T) {
 		}
 		p.finishAB(t)
 		_ = p.c.Close() // background releases done
-		faultRuns(t, &p.l, "victim", "[]")
-		st := faultStatus(t, b, "victim")
+		p.l.Want(t, "victim", "[]")
+		st := idemtest.Status(t, b, "victim")
 		if st.State == idem.StateInProgress {
 			t.Errorf("BUG: the victim's key is left in progress (attempt %d, lease until %v) by a claim that nobody owns: "+
 				"its release ran before the pipeline carried the claim", st.Attempt, st.LeaseEnds.Format(time.TimeOnly))
-			_, err := b.idem(t, idem.WithWait(0)).Do(context.Background(), "victim", "fp", p.l.fn("next"))
+			_, err := b.Idem(t, idem.WithWait(0)).Do(context.Background(), "victim", "fp", p.l.Fn("next"))
 			t.Logf("the next caller gets: %v", err)
 		}
 	})
@@ -292,12 +293,12 @@ func TestAttackGiveBackOvertakesPipelinedClaim(t *testing.T) {
 // and go-redis sent the whole pipeline again, which claims the released
 // key anew (attempt 2) with the departed caller's token.
 func TestAttackPipelineRetryReclaimsAfterGiveBack(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
+	b := idemtest.Redis(t, redistest.Config{})
 	in := faultconn.New(
 		faultconn.Rule{Match: isRawScriptOn("claim", recordKey(t, b, "victim")), Nth: 1, Action: faultconn.DelayReply, Delay: 4 * time.Second},
 		faultconn.Rule{Match: isRawScriptOn("claim", recordKey(t, b, "other")), Nth: 1, Action: faultconn.DropReply})
 	p := newPinned(t, b, nil, func(o *redis.Options) {
-		o.Dialer = in.Dialer(b.addr)
+		o.Dialer = in.Dialer(b.Addr)
 	}, idem.WithLease(time.Minute))
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
@@ -315,8 +316,8 @@ func TestAttackPipelineRetryReclaimsAfterGiveBack(t *testing.T) {
 	if in.Hits() != 2 {
 		t.Fatalf("%d faults, want the victim's delay and the other's lost reply", in.Hits())
 	}
-	faultRuns(t, &p.l, "victim", "[]")
-	if st := faultStatus(t, b, "victim"); st.State == idem.StateInProgress {
+	p.l.Want(t, "victim", "[]")
+	if st := idemtest.Status(t, b, "victim"); st.State == idem.StateInProgress {
 		t.Errorf("BUG: the victim's key is left in progress (attempt %d, lease until %v) by a claim that nobody owns: "+
 			"go-redis sent the pipeline again after the departed caller's release", st.Attempt, st.LeaseEnds.Format(time.TimeOnly))
 	}
@@ -336,9 +337,9 @@ func bigResult(key string, n int) []byte {
 // over the limit, a permanent and a transient failure: every caller gets
 // its own key's outcome, and only its own.
 func TestAttackMixedResultsInOnePipeline(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const mib = 1 << 20
-		setup := b.idem(t)
+		setup := b.Idem(t)
 		ctx := context.Background()
 		for _, key := range []string{"big-done-0", "big-done-1", "big-done-2"} {
 			if _, err := setup.Do(ctx, key, "fp", func(context.Context) ([]byte, error) { return bigResult(key, mib), nil }); err != nil {
@@ -353,7 +354,7 @@ func TestAttackMixedResultsInOnePipeline(t *testing.T) {
 		p := newPinned(t, b, nil, nil)
 		l := &p.l
 		fixed := func(res []byte, err error) func(context.Context) ([]byte, error) {
-			return func(ctx context.Context) ([]byte, error) { l.add(ctx); return res, err }
+			return func(ctx context.Context) ([]byte, error) { l.Add(ctx); return res, err }
 		}
 		calls := []call{
 			{key: "big-done-0", fp: "fp", fn: fixed(nil, errors.New("replay ran fn"))},
@@ -409,17 +410,17 @@ func TestAttackMixedResultsInOnePipeline(t *testing.T) {
 		wantErr(11, idem.ErrConflict, "big-done-2")
 		want(12, "small-new-1")
 		for _, key := range []string{"big-done-0", "big-done-1", "big-done-2", "failed-before"} {
-			faultRuns(t, l, key, "[]")
+			l.Want(t, key, "[]")
 		}
 		for _, key := range []string{"new-0", "new-1", "clash", "big-new-0", "big-new-1", "too-large", "perm", "trans"} {
-			faultRuns(t, l, key, "[1]")
+			l.Want(t, key, "[1]")
 		}
 		// What the next caller finds.
-		faultWantStatus(t, b, "trans", idem.StateReleased, 1)
-		faultWantStatus(t, b, "perm", idem.StateFailed, 1)
-		faultWantStatus(t, b, "too-large", idem.StateFailed, 1)
-		faultReplay(t, b, "clash", "clash-owner", l)
-		faultReplay(t, b, "big-new-1", string(bigResult("big-new-1", mib)), l)
+		idemtest.WantStatus(t, b, "trans", idem.StateReleased, 1)
+		idemtest.WantStatus(t, b, "perm", idem.StateFailed, 1)
+		idemtest.WantStatus(t, b, "too-large", idem.StateFailed, 1)
+		idemtest.Replay(t, b, "clash", "clash-owner", l)
+		idemtest.Replay(t, b, "big-new-1", string(bigResult("big-new-1", mib)), l)
 	})
 }
 
@@ -427,12 +428,12 @@ func TestAttackMixedResultsInOnePipeline(t *testing.T) {
 // go in pipelines of at most 256 claims, each caller getting its own
 // key's result, fn once per key.
 func TestAttackMoreThanMaxBatchQueued(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		p := newPinned(t, b, nil, nil)
 		keys := crowdKeys("many", 600)
 		calls := make([]call, len(keys))
 		for i, key := range keys {
-			calls[i] = call{key: key, fp: "fp", fn: p.l.fn("r-" + key)}
+			calls[i] = call{key: key, fp: "fp", fn: p.l.Fn("r-" + key)}
 		}
 		results := p.queueCalls(t, calls, false)
 		p.g.openCmds()
@@ -443,7 +444,7 @@ func TestAttackMoreThanMaxBatchQueued(t *testing.T) {
 		}
 		p.finishAB(t)
 		for _, key := range keys {
-			faultRuns(t, &p.l, key, "[1]")
+			p.l.Want(t, key, "[1]")
 		}
 		p.rec.mu.Lock()
 		largest, total := 0, 0
@@ -469,15 +470,15 @@ func TestAttackMoreThanMaxBatchQueued(t *testing.T) {
 // WithPipelines(0): every script goes alone, however many calls run at
 // once; no pipeline is sent.
 func TestAttackPipelinesOffSendsEveryScriptAlone(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		faultLoadScripts(t, b)
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		idemtest.LoadScripts(t, b)
 		rec, ctr := new(pipeRecorder), new(cmdCounter)
-		rdb := b.client(t)
+		rdb := b.Client(t)
 		rdb.AddHook(rec)
 		rdb.AddHook(ctr)
 		c := idem.New(rdb, idem.WithPipelines(0))
 		t.Cleanup(func() { _ = c.Close() })
-		var l ledger
+		var l idemtest.Runs
 		crowdOn(t, []*idem.Client{c}, "alone", 100, 50, 5*time.Millisecond, &l, nil)
 		rec.mu.Lock()
 		pipes := 0
@@ -506,12 +507,12 @@ func TestAttackPipelinesOffSendsEveryScriptAlone(t *testing.T) {
 // every call returns with its own outcome, nothing panics, and no
 // goroutine is left.
 func TestAttackCloseWhileQueuedAndInFlight(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		// The servers' and go-redis's goroutines stay until the cleanups.
 		ignore := []goleak.Option{goleak.IgnoreCurrent(),
 			goleak.IgnoreAnyFunction("github.com/alicebob/miniredis/v2/server.(*Server).servePeer"),
 			goleak.IgnoreAnyFunction("github.com/alicebob/miniredis/v2/server.(*Server).servePeer.func2")}
-		claim := faultConnScript(t, "claim")
+		claim := idemtest.IsScript(t, "claim")
 		// The second claim overall is the pipeline's first: holding its
 		// reply holds the pipeline's.
 		cr := newCrowd(t, b, time.Second, nil,
@@ -520,14 +521,14 @@ func TestAttackCloseWhileQueuedAndInFlight(t *testing.T) {
 		results := cr.queue(keys)
 		// The blocker's reply comes; the queued claims go as one pipeline,
 		// whose reply is held; then more calls queue behind it.
-		eventually(t, 10*time.Second, "the pipeline sent", func() bool { return cr.in.Hits() >= 2 })
+		idemtest.Eventually(t, 10*time.Second, "the pipeline sent", func() bool { return cr.in.Hits() >= 2 })
 		sent := time.Now()
 		late := make([]chan callResult, 10)
 		for i := range late {
 			late[i] = make(chan callResult, 1)
 			key := fmt.Sprint("late-", i)
 			go func() {
-				res, err := cr.c.Do(context.Background(), key, "fp", cr.l.fn("r-"+key))
+				res, err := cr.c.Do(context.Background(), key, "fp", cr.l.Fn("r-"+key))
 				late[i] <- callResult{string(res), err}
 			}()
 		}
@@ -552,9 +553,9 @@ func TestAttackCloseWhileQueuedAndInFlight(t *testing.T) {
 			r := recv(t, late[i])
 			switch {
 			case errors.Is(r.err, idem.ErrClosed):
-				faultRuns(t, &cr.l, key, "[]")
+				cr.l.Want(t, key, "[]")
 			case r.err == nil && r.res == "r-"+key+"#1":
-				faultRuns(t, &cr.l, key, "[1]")
+				cr.l.Want(t, key, "[1]")
 			default:
 				t.Errorf("key %q after Close: got %q, %v", key, r.res, r.err)
 			}
@@ -572,11 +573,10 @@ func TestAttackCloseWhileQueuedAndInFlight(t *testing.T) {
 // got one, each caller back soon after its deadline, and once the lease
 // has passed, every key done, failed, released, or free to claim.
 func TestAttackCancelStorm(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
+	b := idemtest.FaultRedis(t, redistest.Config{})
 	var scripts atomic.Int64
 	isIdem := func(cmd []string) bool {
-		for _, name := range faultScripts {
+		for _, name := range idemtest.Scripts {
 			if faultconn.IsScript(idem.ScriptSHA(name))(cmd) {
 				return true
 			}
@@ -587,20 +587,20 @@ func TestAttackCancelStorm(t *testing.T) {
 		Match: func(cmd []string) bool { return isIdem(cmd) && scripts.Add(1)%5 == 0 }})
 	const lease = 2 * time.Second
 	cs := [2]*idem.Client{
-		faultyClient(t, b, in, nil, idem.WithLease(lease), idem.WithWait(200*time.Millisecond)),
-		faultyClient(t, b, in, nil, idem.WithLease(lease), idem.WithWait(0), idem.WithPipelines(1)),
+		idemtest.Faulty(t, b, in, nil, idem.WithLease(lease), idem.WithWait(200*time.Millisecond)),
+		idemtest.Faulty(t, b, in, nil, idem.WithLease(lease), idem.WithWait(0), idem.WithPipelines(1)),
 	}
 	const calls, keys = 400, 40
 	var (
-		l  ledger
-		o  owners
+		l  idemtest.Runs
+		o  idemtest.Owners
 		mu sync.Mutex
 		ok = map[string]map[string]bool{} // key -> results returned
 	)
 	fn := func(key string, k int) func(context.Context) ([]byte, error) {
 		return func(ctx context.Context) ([]byte, error) {
-			defer o.enter(ctx)()
-			a := l.add(ctx)
+			defer o.Enter(ctx)()
+			a := l.Add(ctx)
 			select {
 			case <-time.After(time.Duration(rand.N(15)) * time.Millisecond):
 			case <-ctx.Done():
@@ -669,11 +669,11 @@ func TestAttackCancelStorm(t *testing.T) {
 	for _, c := range cs {
 		_ = c.Close() // the background releases are done
 	}
-	o.check(t)
+	o.Check(t)
 	inProgress := 0
 	for k := range keys {
 		key := fmt.Sprint("storm-", k)
-		runs := l.runs(key)
+		runs := l.Of(key)
 		seen := map[int64]bool{}
 		for _, n := range runs {
 			if seen[n] {
@@ -690,7 +690,7 @@ func TestAttackCancelStorm(t *testing.T) {
 				t.Errorf("key %q: a caller got %q, which no attempt of it returned (runs %v)", key, res, runs)
 			}
 		}
-		if faultStatus(t, b, key).State == idem.StateInProgress {
+		if idemtest.Status(t, b, key).State == idem.StateInProgress {
 			inProgress++
 		}
 	}
@@ -698,18 +698,18 @@ func TestAttackCancelStorm(t *testing.T) {
 	// After the lease, every key is done or failed (replayed, fn not run
 	// again) or free to claim.
 	time.Sleep(lease + lease/4)
-	after := b.idem(t, idem.WithWait(0))
+	after := b.Idem(t, idem.WithWait(0))
 	for k := range keys {
 		key := fmt.Sprint("storm-", k)
-		before := l.count(key)
-		st := faultStatus(t, b, key)
+		before := l.Count(key)
+		st := idemtest.Status(t, b, key)
 		res, err := after.Do(context.Background(), key, "fp", fn(key, k))
 		switch {
 		case err == nil:
 			if len(ok[key]) > 0 && !ok[key][string(res)] {
 				t.Errorf("key %q: the next call got %q; the storm's callers got %v", key, res, ok[key])
 			}
-			if st.State == idem.StateDone && l.count(key) != before {
+			if st.State == idem.StateDone && l.Count(key) != before {
 				t.Errorf("key %q: done, and fn ran again", key)
 			}
 		case k%7 == 0 && err.Error() == "permanent-"+key:
@@ -730,15 +730,14 @@ func TestAttackCancelStorm(t *testing.T) {
 // take the key over; it does take over, as attempt 2, once the server's
 // lease ends.
 func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	faultLoadScripts(t, b)
-	renew := faultConnScript(t, "renew")
+	b := idemtest.FaultRedis(t, redistest.Config{})
+	renew := idemtest.IsScript(t, "renew")
 	in := faultconn.New(
 		faultconn.Rule{Match: renew, Nth: 1, Action: faultconn.DelayReply, Delay: 300 * time.Millisecond},
 		faultconn.Rule{Match: renew, Nth: 1, Action: faultconn.DelayReply, Delay: 4 * time.Second})
 	rec := new(pipeRecorder)
-	rdb := b.client(t, func(o *redis.Options) {
-		o.Dialer = in.Dialer(b.addr)
+	rdb := b.Client(t, func(o *redis.Options) {
+		o.Dialer = in.Dialer(b.Addr)
 		o.ReadTimeout = 10 * time.Second
 	})
 	rdb.AddHook(rec)
@@ -746,10 +745,10 @@ func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
 	c1 := idem.New(rdb, idem.WithLease(lease), idem.WithPipelines(1))
 	idem.SetSlowPipeline(c1, time.Hour) // the held pipeline keeps the one place
 	t.Cleanup(func() { _ = c1.Close() })
-	c2 := b.idem(t, idem.WithLease(lease), idem.WithWait(0))
+	c2 := b.Idem(t, idem.WithLease(lease), idem.WithWait(0))
 	var (
-		l      ledger
-		o      owners
+		l      idemtest.Runs
+		o      idemtest.Owners
 		wg     sync.WaitGroup
 		causes = make([]error, 10)
 	)
@@ -758,8 +757,8 @@ func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
 		key := fmt.Sprint("renewed-", i)
 		wg.Go(func() {
 			_, err := c1.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
-				defer o.enter(ctx)()
-				l.add(ctx)
+				defer o.Enter(ctx)()
+				l.Add(ctx)
 				started <- struct{}{}
 				select {
 				case <-ctx.Done():
@@ -782,8 +781,8 @@ func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
 			deadline := time.Now().Add(20 * time.Second)
 			for time.Now().Before(deadline) {
 				res, err := c2.Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
-					defer o.enter(ctx)()
-					a := l.add(ctx)
+					defer o.Enter(ctx)()
+					a := l.Add(ctx)
 					return []byte(fmt.Sprint("taken#", a.Number)), nil
 				})
 				if err == nil {
@@ -802,10 +801,10 @@ func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	o.check(t)
+	o.Check(t)
 	for i := range 10 {
 		key := fmt.Sprint("renewed-", i)
-		faultRuns(t, &l, key, "[1 2]")
+		l.Want(t, key, "[1 2]")
 		if !errors.Is(causes[i], idem.ErrLeaseLost) {
 			t.Errorf("key %q: fn's context ended with %v, want ErrLeaseLost", key, causes[i])
 		}
@@ -830,17 +829,17 @@ func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
 func TestAttackReplicasStayUnbatched(t *testing.T) {
 	primary := redistest.Start(t, redistest.Config{})
 	replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + portOf(primary.Addr())}})
-	b := &backend{name: "redis", addr: primary.Addr(), srv: primary}
-	eventually(t, 10*time.Second, "the replica's sync", func() bool {
+	b := idemtest.OnServer(primary)
+	idemtest.Eventually(t, 10*time.Second, "the replica's sync", func() bool {
 		return strings.Contains(fmt.Sprint(replica.Do(t, "INFO", "replication")), "master_link_status:up")
 	})
-	faultLoadScripts(t, b)
+	idemtest.LoadScripts(t, b)
 	rec := new(pipeRecorder)
-	rdb := b.client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second })
+	rdb := b.Client(t, func(o *redis.Options) { o.ReadTimeout = 15 * time.Second })
 	rdb.AddHook(rec)
 	c := idem.New(rdb, idem.WithReplicas(1, 10*time.Second))
 	t.Cleanup(func() { _ = c.Close() })
-	var l ledger
+	var l idemtest.Runs
 	crowdOn(t, []*idem.Client{c}, "replicated", 60, 40, 2*time.Millisecond, &l, nil)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -918,12 +917,12 @@ func TestAttackClusterPausedMasterStallsOnlyItsKeys(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	by := clusterByMaster(t, cc, c, "m-", 41)
 	var (
-		l ledger
-		o owners
+		l idemtest.Runs
+		o idemtest.Owners
 	)
 	fn := func(ctx context.Context) ([]byte, error) {
-		defer o.enter(ctx)()
-		a := l.add(ctx)
+		defer o.Enter(ctx)()
+		a := l.Add(ctx)
 		time.Sleep(time.Millisecond)
 		return []byte(fmt.Sprintf("r-%s#%d", a.Key, a.Number)), nil
 	}
@@ -1000,18 +999,18 @@ func TestAttackClusterPausedMasterStallsOnlyItsKeys(t *testing.T) {
 	resumed = true
 	wg.Wait()
 	_ = c.Close() // the releases given back in the background are done
-	o.check(t)
+	o.Check(t)
 	time.Sleep(lease + lease/4)
 	after := idem.New(cl.Client(t), idem.WithWait(10*time.Second))
 	t.Cleanup(func() { _ = after.Close() })
 	for _, key := range by[paused] {
 		res, err := after.Do(context.Background(), key, "fp", fn)
-		runs := l.runs(key)
+		runs := l.Of(key)
 		if err != nil || len(runs) == 0 || string(res) != fmt.Sprintf("r-%s#%d", key, runs[len(runs)-1]) {
 			t.Errorf("key %q after the pause: got %q, %v (runs %v)", key, res, err, runs)
 		}
 	}
-	o.check(t)
+	o.Check(t)
 }
 
 // On a Redis Cluster, the hooks added to the ClusterClient (tracing,
@@ -1163,12 +1162,12 @@ func TestAttackClusterSlotMovesUnderBatchedCalls(t *testing.T) {
 		}
 	}
 	var (
-		l ledger
-		o owners
+		l idemtest.Runs
+		o idemtest.Owners
 	)
 	fn := func(ctx context.Context) ([]byte, error) {
-		defer o.enter(ctx)()
-		a := l.add(ctx)
+		defer o.Enter(ctx)()
+		a := l.Add(ctx)
 		return []byte(fmt.Sprintf("r-%s#%d", a.Key, a.Number)), nil
 	}
 	owned, done, fresh := moving[:15], moving[15:25], moving[25:]
@@ -1215,17 +1214,17 @@ func TestAttackClusterSlotMovesUnderBatchedCalls(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // the others queue meanwhile
 	openOnce.Do(func() { close(open) })
 	wg.Wait()
-	o.check(t)
+	o.Check(t)
 	for _, key := range owned {
 		if got := fmt.Sprint(dst.Do(t, "GET", idem.RecordKey(c, key))); !strings.HasSuffix(got, "owner-"+key) {
 			t.Errorf("key %q: the new master holds %q", key, got)
 		}
 	}
 	for _, key := range moving {
-		faultRuns(t, &l, key, "[1]")
+		l.Want(t, key, "[1]")
 	}
 	for _, key := range staying {
-		faultRuns(t, &l, key, "[1]")
+		l.Want(t, key, "[1]")
 	}
 	if moved.n.Load() == 0 {
 		t.Errorf("no pipeline of the old master answered MOVED to some of its scripts and ran others: the attack missed")
@@ -1305,10 +1304,18 @@ func TestAttackClusterManualFailoverUnderBatchedCalls(t *testing.T) {
 	master := m.Options().Addr
 	var replica *redistest.Server
 	id := m.Do(ctx, "CLUSTER", "MYID").Val()
-	lines := fmt.Sprint(m.Do(ctx, "CLUSTER", "REPLICAS", id).Val())
-	for _, s := range cl.Nodes() {
-		if strings.Contains(lines, " "+s.Addr()+"@") {
-			replica = s
+	var lines string
+	// The master's view of its replica may lag the cluster's start on a
+	// busy machine: ask until it names one.
+	for deadline := time.Now().Add(10 * time.Second); replica == nil && time.Now().Before(deadline); {
+		lines = fmt.Sprint(m.Do(ctx, "CLUSTER", "REPLICAS", id).Val())
+		for _, s := range cl.Nodes() {
+			if strings.Contains(lines, " "+s.Addr()+"@") {
+				replica = s
+			}
+		}
+		if replica == nil {
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	if replica == nil {
@@ -1322,15 +1329,15 @@ func TestAttackClusterManualFailoverUnderBatchedCalls(t *testing.T) {
 		}
 	}
 	var (
-		l      ledger
-		o      owners
+		l      idemtest.Runs
+		o      idemtest.Owners
 		mu     sync.Mutex
 		got    = map[string]string{}
 		failed []string
 	)
 	fn := func(ctx context.Context) ([]byte, error) {
-		defer o.enter(ctx)()
-		a := l.add(ctx)
+		defer o.Enter(ctx)()
+		a := l.Add(ctx)
 		time.Sleep(time.Millisecond)
 		return []byte(fmt.Sprintf("r-%s#%d", a.Key, a.Number)), nil
 	}
@@ -1374,10 +1381,10 @@ func TestAttackClusterManualFailoverUnderBatchedCalls(t *testing.T) {
 		}
 	}
 	<-failover
-	eventually(t, 20*time.Second, "the replica promoted", promoted)
+	idemtest.Eventually(t, 20*time.Second, "the replica promoted", promoted)
 	wave(keys)
 	_ = c.Close()
-	o.check(t)
+	o.Check(t)
 	later := idem.New(cl.Client(t), idem.WithWait(10*time.Second))
 	t.Cleanup(func() { _ = later.Close() })
 	for _, key := range keys {
@@ -1389,7 +1396,7 @@ func TestAttackClusterManualFailoverUnderBatchedCalls(t *testing.T) {
 		if prev, ok := got[key]; ok && prev != string(res) {
 			t.Errorf("key %q: got %q during the failover, %q after", key, prev, res)
 		}
-		runs := l.runs(key)
+		runs := l.Of(key)
 		seen := map[int64]bool{}
 		for _, n := range runs {
 			if seen[n] {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -87,29 +88,29 @@ func (r *pipeRecorder) String() string {
 // then wait in the batcher's queue for it.
 type crowd struct {
 	t    *testing.T
-	b    *backend
+	b    *idemtest.Backend
 	in   *faultconn.Injector
 	c    *idem.Client
 	rec  *pipeRecorder
 	ctr  *cmdCounter
-	l    ledger
+	l    idemtest.Runs
 	done chan error // the first call's
 }
 
 // newCrowd starts the first call ("blocker") and returns once its claim
 // was written. rules act after the hold's rule, on the commands it does
 // not take.
-func newCrowd(t *testing.T, b *backend, hold time.Duration, ro func(*redis.Options), rules ...faultconn.Rule) *crowd {
+func newCrowd(t *testing.T, b *idemtest.Backend, hold time.Duration, ro func(*redis.Options), rules ...faultconn.Rule) *crowd {
 	t.Helper()
-	faultLoadScripts(t, b)
-	claim := faultConnScript(t, "claim")
+	idemtest.LoadScripts(t, b)
+	claim := idemtest.IsScript(t, "claim")
 	cr := &crowd{t: t, b: b, rec: new(pipeRecorder), ctr: new(cmdCounter), done: make(chan error, 1)}
 	cr.in = faultconn.New(faultconn.Rule{Match: claim, Nth: 1, Action: faultconn.DelayReply, Delay: hold})
 	for _, r := range rules {
 		cr.in.Add(r)
 	}
-	rdb := b.client(t, func(o *redis.Options) {
-		o.Dialer = cr.in.Dialer(b.addr)
+	rdb := b.Client(t, func(o *redis.Options) {
+		o.Dialer = cr.in.Dialer(b.Addr)
 		o.MinRetryBackoff = time.Millisecond
 		o.MaxRetryBackoff = 2 * time.Millisecond
 		o.ReadTimeout = 3*hold + 10*time.Second
@@ -123,10 +124,10 @@ func newCrowd(t *testing.T, b *backend, hold time.Duration, ro func(*redis.Optio
 	idem.SetSlowPipeline(cr.c, time.Hour) // the held place stays held
 	t.Cleanup(func() { _ = cr.c.Close() })
 	go func() {
-		_, err := cr.c.Do(context.Background(), "blocker", "fp", cr.l.fn("blocker"))
+		_, err := cr.c.Do(context.Background(), "blocker", "fp", cr.l.Fn("blocker"))
 		cr.done <- err
 	}()
-	eventually(t, 10*time.Second, "the blocker's claim written", func() bool { return cr.in.Hits() >= 1 })
+	idemtest.Eventually(t, 10*time.Second, "the blocker's claim written", func() bool { return cr.in.Hits() >= 1 })
 	return cr
 }
 
@@ -143,11 +144,11 @@ func (cr *crowd) queue(keys []string, ctxs ...context.Context) []chan callResult
 		}
 		out[i] = make(chan callResult, 1)
 		go func() {
-			res, err := cr.c.Do(ctx, key, "fp", cr.l.fn("r-"+key))
+			res, err := cr.c.Do(ctx, key, "fp", cr.l.Fn("r-"+key))
 			out[i] <- callResult{string(res), err}
 		}()
 	}
-	eventually(cr.t, 10*time.Second, fmt.Sprintf("%d calls queued", len(keys)), func() bool {
+	idemtest.Eventually(cr.t, 10*time.Second, fmt.Sprintf("%d calls queued", len(keys)), func() bool {
 		return idem.Queued(cr.c) == len(keys)
 	})
 	return out
@@ -182,7 +183,7 @@ func crowdKeys(prefix string, n int) []string {
 // The queued claims go as one pipeline (one round trip for all), and every
 // call gets its own key's result.
 func TestQueuedCallsShareOnePipeline(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		cr := newCrowd(t, b, 500*time.Millisecond, nil)
 		keys := crowdKeys("k", 40)
 		results := cr.queue(keys)
@@ -214,11 +215,11 @@ func TestQueuedCallsShareOnePipeline(t *testing.T) {
 // With go-redis's retries, the pipeline is sent again and every call gets
 // its own outcome, fn running once.
 func TestPipelineReplyLost(t *testing.T) {
-	b := newRedis(t, redistest.Config{})
-	claim := faultConnScript(t, "claim")
+	b := idemtest.Redis(t, redistest.Config{})
+	claim := idemtest.IsScript(t, "claim")
 	t.Run("no retries", func(t *testing.T) {
 		// The 11th claim overall is the 10th of the pipeline.
-		cr := newCrowd(t, b, 500*time.Millisecond, noRetry,
+		cr := newCrowd(t, b, 500*time.Millisecond, idemtest.NoRetry,
 			faultconn.Rule{Match: claim, Nth: 10, Action: faultconn.DropReply})
 		keys := crowdKeys("lost", 30)
 		results := cr.queue(keys)
@@ -230,19 +231,19 @@ func TestPipelineReplyLost(t *testing.T) {
 				if want := "r-" + key + "#1"; r.res != want {
 					t.Errorf("key %q: got %q, want %q", key, r.res, want)
 				}
-				faultRuns(t, &cr.l, key, "[1]")
+				cr.l.Want(t, key, "[1]")
 				ok = append(ok, key)
 				continue
 			}
 			if !errors.Is(r.err, io.EOF) || !strings.Contains(r.err.Error(), "claim") {
 				t.Errorf("key %q: got %v, want the claim's io.EOF", key, r.err)
 			}
-			faultRuns(t, &cr.l, key, "[]")
-			eventually(t, 5*time.Second, "a lost claim given back", func() bool {
-				st := faultStatus(t, b, key).State
+			cr.l.Want(t, key, "[]")
+			idemtest.Eventually(t, 5*time.Second, "a lost claim given back", func() bool {
+				st := idemtest.Status(t, b, key).State
 				return st == idem.StateReleased || st == idem.StateAbsent
 			})
-			if faultStatus(t, b, key).State == idem.StateReleased {
+			if idemtest.Status(t, b, key).State == idem.StateReleased {
 				released = append(released, key)
 			} else {
 				absent = append(absent, key)
@@ -253,13 +254,13 @@ func TestPipelineReplyLost(t *testing.T) {
 			t.Fatalf("%d calls succeeded, %d claims ran and were given back, %d never ran; want 0, 10, 20", len(ok), len(released), len(absent))
 		}
 		// Each failed key is free: the next call runs fn at once.
-		next := b.idem(t, idem.WithWait(0))
+		next := b.Idem(t, idem.WithWait(0))
 		for _, key := range append(released, absent...) {
 			want := "next#1"
-			if faultStatus(t, b, key).State == idem.StateReleased {
+			if idemtest.Status(t, b, key).State == idem.StateReleased {
 				want = "next#2"
 			}
-			res, err := next.Do(context.Background(), key, "fp", cr.l.fn("next"))
+			res, err := next.Do(context.Background(), key, "fp", cr.l.Fn("next"))
 			if err != nil || string(res) != want {
 				t.Errorf("key %q, the next call: got %q, %v; want %q", key, res, err, want)
 			}
@@ -282,7 +283,7 @@ func TestPipelineReplyLost(t *testing.T) {
 // place is still held: unsent, its claim never ran, and nothing is given
 // back for it.
 func TestQueuedCallLeavesAtItsContext(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		cr := newCrowd(t, b, 5*time.Second, nil)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -299,8 +300,8 @@ func TestQueuedCallLeavesAtItsContext(t *testing.T) {
 		if r := <-results[1]; r.err != nil || r.res != "r-stayer#1" {
 			t.Errorf("the other queued call: got %q, %v", r.res, r.err)
 		}
-		faultRuns(t, &cr.l, "leaver", "[]")
-		faultWantStatus(t, b, "leaver", idem.StateAbsent, 0)
+		cr.l.Want(t, "leaver", "[]")
+		idemtest.WantStatus(t, b, "leaver", idem.StateAbsent, 0)
 		if n := cr.ctr.snapshot().cmds["evalsha release"]; n != 0 {
 			t.Errorf("%d releases sent for a claim that was never sent", n)
 		}
@@ -312,8 +313,8 @@ func TestQueuedCallLeavesAtItsContext(t *testing.T) {
 // given back, and fn does not run; the other calls of the pipeline get
 // their replies when they come.
 func TestPipelinedCallLeavesAtItsContext(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		claim := faultConnScript(t, "claim")
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		claim := idemtest.IsScript(t, "claim")
 		// The second claim overall is the pipeline's first: holding its
 		// reply holds the pipeline's.
 		cr := newCrowd(t, b, time.Second, nil,
@@ -335,22 +336,22 @@ func TestPipelinedCallLeavesAtItsContext(t *testing.T) {
 				t.Errorf("key %q: got %q, %v", key, r.res, r.err)
 			}
 		}
-		eventually(t, 10*time.Second, "the claim given back", func() bool {
-			return faultStatus(t, b, "leaver").State == idem.StateReleased
+		idemtest.Eventually(t, 10*time.Second, "the claim given back", func() bool {
+			return idemtest.Status(t, b, "leaver").State == idem.StateReleased
 		})
-		faultRuns(t, &cr.l, "leaver", "[]")
-		faultWantStatus(t, b, "leaver", idem.StateReleased, 1)
+		cr.l.Want(t, "leaver", "[]")
+		idemtest.WantStatus(t, b, "leaver", idem.StateReleased, 1)
 	})
 }
 
 // Scripts flushed from the server's cache: the queued calls' EVALSHAs
 // answer NOSCRIPT in one pipeline and go again, whole, in a second one.
 func TestPipelineAfterScriptFlush(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		cr := newCrowd(t, b, 500*time.Millisecond, nil)
 		keys := crowdKeys("flushed", 20)
 		results := cr.queue(keys)
-		b.do(t, "SCRIPT", "FLUSH")
+		b.Do(t, "SCRIPT", "FLUSH")
 		cr.blocker()
 		cr.ownResults(keys, results)
 		if cr.rec.find("evalsha claim", len(keys)) != 1 || cr.rec.find("eval claim", len(keys)) != 1 {
@@ -363,13 +364,13 @@ func TestPipelineAfterScriptFlush(t *testing.T) {
 // service), pipelines on: one fn per key, never two live owners, and every
 // caller gets its own key's result.
 func TestCrowdOnFewKeys(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		var (
-			l ledger
-			o owners
+			l idemtest.Runs
+			o idemtest.Owners
 		)
-		crowdOn(t, []*idem.Client{b.idem(t), b.idem(t)}, "few", 200, 50, time.Millisecond, &l, &o)
-		o.check(t)
+		crowdOn(t, []*idem.Client{b.Idem(t), b.Idem(t)}, "few", 200, 50, time.Millisecond, &l, &o)
+		o.Check(t)
 	})
 }
 
@@ -378,7 +379,7 @@ func TestCrowdOnFewKeys(t *testing.T) {
 // o, unless nil), takes work and returns "r-" and its key. It fails the
 // test unless every caller got its own key's result and fn ran once per
 // key.
-func crowdOn(t *testing.T, cs []*idem.Client, prefix string, callers, keys int, work time.Duration, l *ledger, o *owners) {
+func crowdOn(t *testing.T, cs []*idem.Client, prefix string, callers, keys int, work time.Duration, l *idemtest.Runs, o *idemtest.Owners) {
 	t.Helper()
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -388,9 +389,9 @@ func crowdOn(t *testing.T, cs []*idem.Client, prefix string, callers, keys int, 
 			<-start
 			res, err := cs[i%len(cs)].Do(context.Background(), key, "fp", func(ctx context.Context) ([]byte, error) {
 				if o != nil {
-					defer o.enter(ctx)()
+					defer o.Enter(ctx)()
 				}
-				l.add(ctx)
+				l.Add(ctx)
 				time.Sleep(work)
 				return []byte("r-" + key), nil
 			})
@@ -402,7 +403,7 @@ func crowdOn(t *testing.T, cs []*idem.Client, prefix string, callers, keys int, 
 	close(start)
 	wg.Wait()
 	for k := range keys {
-		faultRuns(t, l, fmt.Sprintf("%s-%02d", prefix, k), "[1]")
+		l.Want(t, fmt.Sprintf("%s-%02d", prefix, k), "[1]")
 	}
 }
 
@@ -415,7 +416,7 @@ func (cr *crowd) ownResults(keys []string, results []chan callResult) {
 		if want := "r-" + key + "#1"; r.err != nil || r.res != want {
 			cr.t.Errorf("key %q: got %q, %v; want %q", key, r.res, r.err, want)
 		}
-		faultRuns(cr.t, &cr.l, key, "[1]")
+		cr.l.Want(cr.t, key, "[1]")
 	}
 }
 
@@ -424,23 +425,23 @@ func (cr *crowd) ownResults(keys []string, results []chan callResult) {
 // while, it stops holding its place, and the calls behind it go on. Before,
 // every call waited for the held reply.
 func TestSlowReplyHoldsOnlyItsOwnCalls(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const hold = 5 * time.Second
-		faultLoadScripts(t, b)
-		in := faultconn.New(faultconn.Rule{Match: faultConnScript(t, "claim"), Nth: 1, Action: faultconn.DelayReply, Delay: hold})
-		rdb := b.client(t, func(o *redis.Options) {
-			o.Dialer = in.Dialer(b.addr)
+		idemtest.LoadScripts(t, b)
+		in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "claim"), Nth: 1, Action: faultconn.DelayReply, Delay: hold})
+		rdb := b.Client(t, func(o *redis.Options) {
+			o.Dialer = in.Dialer(b.Addr)
 			o.ReadTimeout = 3 * hold
 		})
 		c := idem.New(rdb, idem.WithPipelines(1))
 		t.Cleanup(func() { _ = c.Close() })
-		var l ledger
+		var l idemtest.Runs
 		slow := make(chan error, 1)
 		go func() {
-			_, err := c.Do(context.Background(), "slow", "fp", l.fn("slow"))
+			_, err := c.Do(context.Background(), "slow", "fp", l.Fn("slow"))
 			slow <- err
 		}()
-		eventually(t, 10*time.Second, "the slow claim written", func() bool { return in.Hits() >= 1 })
+		idemtest.Eventually(t, 10*time.Second, "the slow claim written", func() bool { return in.Hits() >= 1 })
 		t0 := time.Now()
 		crowdOn(t, []*idem.Client{c}, "behind", 40, 20, 0, &l, nil)
 		if d := time.Since(t0); d > hold-time.Second {
@@ -454,6 +455,6 @@ func TestSlowReplyHoldsOnlyItsOwnCalls(t *testing.T) {
 		if err := <-slow; err != nil {
 			t.Fatalf("the held call: %v", err)
 		}
-		faultRuns(t, &l, "slow", "[1]")
+		l.Want(t, "slow", "[1]")
 	})
 }

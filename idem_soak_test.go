@@ -36,6 +36,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -107,7 +108,7 @@ type soakRun struct {
 	serverFaults                                sync.Map     // kind -> *atomic.Int64
 
 	// live holds the fns running, by key: the check of one live owner.
-	live owners
+	live idemtest.Owners
 
 	// Why calls failed after fn ran, and what the server was doing.
 	causesMu sync.Mutex
@@ -194,7 +195,7 @@ func (r *soakRun) fn(key, behavior string, slow time.Duration, st *soakCall) fun
 		// (one whose own context is done at its start is no live owner:
 		// counted, not checked).
 		if ctx.Err() == nil {
-			leave := r.live.enter(ctx)
+			leave := r.live.Enter(ctx)
 			defer leave()
 		} else {
 			r.deadStarts.Add(1)
@@ -643,9 +644,7 @@ func runSoak(t *testing.T, d time.Duration) {
 	}
 	keys := len(r.keys)
 	r.mu.Unlock()
-	r.live.mu.Lock()
-	overlaps := append([]string(nil), r.live.overlaps...)
-	r.live.mu.Unlock()
+	overlaps := r.live.Overlaps()
 	delays := r.heldClaims.Load() + r.heldRenewals.Load()
 	faults := r.faults.Load() + delays + r.transients.Load() + r.panics.Load() + r.cancels.Load()
 	fmt.Printf("soak: calls=%d faults=%d delays=%d takeovers=%d fn_executions=%d duplicates=%d lost_results=%d live_owner_overlaps=%d duration=%v\n",

@@ -1,5 +1,6 @@
-// scripts.go: the embedded Lua scripts and write, which runs one (EVALSHA
-// with the EVAL fallback, and WAIT for WithReplicas).
+// lua.go: the embedded Lua scripts (lua/*.lua), and the calls that send
+// them: claimOnce, and write (EVALSHA with the EVAL fallback, in shared
+// pipelines, or with WAIT for WithReplicas).
 
 package idem
 
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -41,23 +43,16 @@ var (
 	stepScript     = newScript(stepSrc)
 )
 
-// script is a Lua script with its source at hand, for the pipelined EVAL
-// fallback of WithReplicas.
-type script struct {
-	*redis.Script
-	src string
-}
-
 // newScript inserts the helpers of lua/record.lua into a script where it
 // says --[[lua/record.lua]], or else at its top.
-func newScript(src string) script {
+func newScript(src string) pipeline.Script {
 	src = strings.ReplaceAll(src, tombstoneMarker, tombstoneSrc)
 	if strings.Contains(src, recordMarker) {
 		src = strings.Replace(src, recordMarker, recordSrc, 1)
 	} else {
 		src = recordSrc + "\n" + src
 	}
-	return script{redis.NewScript(src), src}
+	return pipeline.NewScript(src)
 }
 
 const (
@@ -65,11 +60,11 @@ const (
 	tombstoneMarker = "--[[lua/tombstone.lua]]"
 )
 
-// claim runs lua/claim.lua for a call with fingerprint digest fp; keys are
+// claimOnce runs lua/claim.lua for a call with fingerprint digest fp; keys are
 // the record's and its channel's, first the record that a claim of a new
 // key writes (claimRecord of attempt 1), which also tells the script the
 // call's fingerprint, owner token and lease.
-func (c *Client) claim(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
+func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
 	var v any
 	var err error
 	if c.tomb.on {
@@ -86,37 +81,37 @@ func (c *Client) claim(ctx context.Context, keys []string, fp string, first []by
 }
 
 // write runs a script that changes a record: alone, or in one pipeline with
-// concurrent calls' scripts (see batch.go). With WithReplicas, the script
+// concurrent calls' scripts (see internal/pipeline). With WithReplicas, the script
 // goes alone: it and a WAIT go in one pipeline, on one connection to the record's primary,
 // and a shortfall of replicas is an error wrapping ErrNotReplicated (the
 // script's reply is kept in the returned command all the same).
-func (c *Client) write(ctx context.Context, s script, keys []string, args ...any) *redis.Cmd {
+func (c *Client) write(ctx context.Context, s pipeline.Script, keys []string, args ...any) *redis.Cmd {
 	if c.cfg.replicas == 0 {
-		return c.scripts.run(ctx, s, keys, args)
+		return c.scripts.Run(ctx, s, keys, args...)
 	}
 	var node redis.Cmdable = c.rdb
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		m, err := cc.MasterForKey(ctx, keys[0])
 		if err != nil {
-			return errCmd(ctx, err)
+			return pipeline.ErrCmd(ctx, err)
 		}
 		node = m
 	}
-	run := func(sha bool) (*redis.Cmd, *redis.Cmd) {
+	send := func(sha bool) (*redis.Cmd, *redis.Cmd) {
 		pipe := node.Pipeline()
 		var cmd *redis.Cmd
 		if sha {
 			cmd = pipe.EvalSha(ctx, s.Hash(), keys, args...)
 		} else {
-			cmd = pipe.Eval(ctx, s.src, keys, args...)
+			cmd = pipe.Eval(ctx, s.Src, keys, args...)
 		}
 		w := pipe.Do(ctx, "WAIT", c.cfg.replicas, c.cfg.replicaWait.Milliseconds())
 		_, _ = pipe.Exec(ctx)
 		return cmd, w
 	}
-	cmd, w := run(true)
+	cmd, w := send(true)
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd, w = run(false)
+		cmd, w = send(false)
 	}
 	if cmd.Err() != nil {
 		return cmd

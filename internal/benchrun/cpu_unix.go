@@ -1,15 +1,15 @@
 //go:build unix
 
-package bench
+package benchrun
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU is this process's CPU time so far (user and system, all
+// ProcessCPU returns this process's CPU time so far (user and system, all
 // threads).
-func processCPU() (time.Duration, bool) {
+func ProcessCPU() (time.Duration, bool) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, false

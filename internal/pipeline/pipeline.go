@@ -1,8 +1,38 @@
-// batch.go: the scripts of concurrent calls share round trips: while a few
-// pipelines are in flight, calls queue, and a sender writes all that are
-// queued as one pipeline.
-
-package idem
+// Package pipeline runs the Lua scripts of concurrent callers in shared
+// pipelines, so that a crowd shares round trips, and the server's and the
+// client's read and write system calls.
+//
+// A call that finds a place free (fewer than max pipelines in flight) and
+// nobody queued sends its script at once, from its own goroutine, as a plain
+// script run (EVALSHA, with the EVAL fallback), with its own context: a lone
+// call costs what an EVALSHA costs. Otherwise it queues, and a sender
+// goroutine writes every queued call, up to MaxBatch, as one pipeline. Each
+// call keeps its own reply and errors: a script that fails, or NOSCRIPT,
+// fails only its call (scripts the server had not cached are sent whole, in
+// a second pipeline). A pipeline in flight for longer than SlowSend stops
+// holding its place, so that a reply held up holds up only its own calls;
+// at most MaxInFlight pipelines are in flight.
+//
+// # When a script ran
+//
+// A call whose context ends while it is queued returns at once with an
+// error for which NotSent reports true: its script was never sent, and
+// never will be. A call whose context ends while its pipeline is under way
+// returns then too, with its context's error wrapped so that InFlight
+// returns a channel that receives once the pipeline is over (go-redis's
+// retries included): until then the script may still run. Whatever undoes
+// the script must wait for that channel. Any other failure of a sent script
+// (a lost reply, a timeout) leaves it unknown whether it ran, as for a
+// single command.
+//
+// # Contexts
+//
+// A shared pipeline runs with a context of its own that carries no
+// caller's values, so that go-redis hooks (tracing, metrics) never see one
+// request's values beside another request's scripts; it is never cancelled
+// by a caller, and ends at the latest of the callers' deadlines when every
+// caller has one. A script sent alone runs with its caller's context.
+package pipeline
 
 import (
 	"context"
@@ -13,30 +43,58 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// runner runs the scripts of a Client that change records: through one
-// batcher, or on a Redis Cluster through one per master, so that a slow
-// or failed master holds up only the calls of its own keys. Every batcher
-// sends through the Client's own go-redis client (the ClusterClient in a
-// cluster, which follows MOVED and ASK), so that its hooks (tracing,
-// metrics) see every script.
-type runner struct {
+// Script is a Lua script with its source at hand, for the EVAL fallback
+// in a pipeline.
+type Script struct {
+	*redis.Script
+	Src string
+}
+
+// NewScript returns the Script of src.
+func NewScript(src string) Script { return Script{redis.NewScript(src), src} }
+
+// A Runner runs scripts through one go-redis client: through one batcher,
+// or on a Redis Cluster through one per master, so that a slow or failed
+// master holds up only the calls of its own keys. Every batcher sends
+// through the client given to NewRunner (the ClusterClient on a cluster,
+// which follows MOVED and ASK), so that its hooks see every script. It is
+// safe for concurrent use.
+type Runner struct {
 	rdb   redis.UniversalClient
 	max   int // pipelines in flight per batcher; 0: no batching
 	slow  time.Duration
-	bg    *background
+	work  *Work
 	one   batcher
 	cc    *redis.ClusterClient // a cluster's client, else nil
 	nodes sync.Map             // on a cluster: *redis.Client of a master -> *batcher
 }
 
-func (r *runner) init(rdb redis.UniversalClient, max int, bg *background) {
-	r.rdb, r.max, r.bg, r.slow = rdb, max, bg, slowSend
-	r.one = batcher{rdb: rdb, max: max, bg: bg, slow: r.slow}
+// NewRunner returns a Runner that keeps up to max pipelines in flight (per
+// master on a cluster; 0: every script goes alone, as go-redis sends it).
+// work counts its sender goroutines, so that their owner can wait for them.
+func NewRunner(rdb redis.UniversalClient, max int, work *Work) *Runner {
+	r := &Runner{rdb: rdb, max: max, work: work, slow: SlowSend}
+	r.one = batcher{rdb: rdb, max: max, work: work, slow: r.slow}
 	r.cc, _ = rdb.(*redis.ClusterClient)
+	return r
 }
 
-// run runs s with keys and args.
-func (r *runner) run(ctx context.Context, s script, keys []string, args []any) *redis.Cmd {
+// SetSlow sets how long a pipeline may be in flight before it stops
+// holding its place (SlowSend): tests that hold a pipeline and need the
+// calls behind it to stay queued set it long. Set it before the first Run.
+func (r *Runner) SetSlow(d time.Duration) { r.slow, r.one.slow = d, d }
+
+// Queued returns the number of calls waiting for a pipeline (outside a
+// cluster).
+func (r *Runner) Queued() int {
+	r.one.mu.Lock()
+	defer r.one.mu.Unlock()
+	return len(r.one.queue)
+}
+
+// Run runs s with keys and args, alone or in a pipeline with other calls'
+// scripts, and returns its command, done.
+func (r *Runner) Run(ctx context.Context, s Script, keys []string, args ...any) *redis.Cmd {
 	if r.max == 0 {
 		return s.Run(ctx, r.rdb, keys, args...)
 	}
@@ -53,41 +111,25 @@ func (r *runner) run(ctx context.Context, s script, keys []string, args []any) *
 	}
 	b, ok := r.nodes.Load(node)
 	if !ok {
-		b, _ = r.nodes.LoadOrStore(node, &batcher{rdb: r.cc, max: r.max, bg: r.bg, slow: r.slow})
+		b, _ = r.nodes.LoadOrStore(node, &batcher{rdb: r.cc, max: r.max, work: r.work, slow: r.slow})
 	}
 	return b.(*batcher).run(ctx, s, keys, args)
 }
 
-// batcher runs the scripts of a Client (of one master, on a cluster). A call that finds fewer than max
-// pipelines in flight and nobody queued sends at once, from its own
-// goroutine, as a plain script run: a lone call costs what an EVALSHA
-// costs, and its context bounds it as go-redis lets it. Otherwise it
-// queues, and a sender goroutine (at most max, each started when a queue
-// forms and ending when none is left) writes every queued call, up to
-// maxBatch, as one pipeline: a crowd shares round trips, and the server's
-// and the client's read and write system calls.
+// batcher runs the scripts of one Runner (of one master, on a cluster).
+// Its senders (at most max, each started when a queue forms and ending when
+// none is left) write the queue as pipelines. A pipeline whose reply is lost
+// fails each of its calls as a lost reply fails a single call.
 //
-// A pipeline is one round trip for all its calls, but each call's script
-// and reply are its own: a script that fails, or NOSCRIPT, fails only its
-// call (the scripts the server had not cached are sent whole, in a second
-// pipeline). A pipeline whose reply is lost fails each of its calls as a
-// lost reply fails a single call, and every script is safe to repeat.
-//
-// A queued call returns when its context ends, whether its pipeline was
-// sent or not: unsent, with an error that says it did not run
-// (notSentError); sent, with its context's error, which mayHaveRun counts
-// as a reply that may be lost, as for a single call cut by its deadline.
-// The pipeline runs on without it.
-//
-// A pipeline (or plain run) in flight for longer than slowSend stops
-// holding its place: a reply held up (a slow network, a paused server, a
-// large value) holds up the calls of its own pipeline, not every call
-// after it. Up to maxInFlight pipelines may then be in flight.
+// A pipeline (or plain run) in flight for longer than slow stops holding
+// its place: a reply held up (a slow network, a paused server, a large
+// value) holds up the calls of its own pipeline, not every call after it.
+// Up to MaxInFlight pipelines may then be in flight.
 type batcher struct {
 	rdb  redis.UniversalClient
 	max  int           // pipelines (or plain runs) in flight at most, but slow ones
-	slow time.Duration // slowSend (tests change it)
-	bg   *background   // counts the senders, for Close
+	slow time.Duration // SlowSend (tests change it)
+	work *Work         // counts the senders
 
 	mu      sync.Mutex
 	senders int            // guarded by mu; pipelines (or plain runs) in flight
@@ -98,20 +140,23 @@ type batcher struct {
 }
 
 const (
-	// slowSend is how long a pipeline may be in flight before it stops
-	// holding one of the max places (see batcher).
-	slowSend = 50 * time.Millisecond
-	// maxInFlight bounds the pipelines in flight, slow ones included.
-	maxInFlight = 64
+	// SlowSend is how long a pipeline may be in flight before it stops
+	// holding one of the max places.
+	SlowSend = 50 * time.Millisecond
+	// MaxInFlight bounds the pipelines in flight, slow ones included.
+	MaxInFlight = 64
+	// MaxBatch bounds the calls in one pipeline: go-redis writes a whole
+	// pipeline before it reads a reply.
+	MaxBatch = 256
 )
 
 // free reports whether a place is free for a pipeline. b.mu is held.
 func (b *batcher) free() bool {
-	return b.senders-b.slowNow < b.max && b.senders < maxInFlight
+	return b.senders-b.slowNow < b.max && b.senders < MaxInFlight
 }
 
 // A sendWatch marks a pipeline (or plain run) slow once it has been in
-// flight for slowSend, and then lets a new sender take the place it held.
+// flight for slow, and then lets a new sender take the place it held.
 type sendWatch struct {
 	b     *batcher
 	t     *time.Timer
@@ -163,21 +208,12 @@ func (w *sendWatch) end() {
 // batchedCall is one script run that waits in the queue.
 type batchedCall struct {
 	ctx  context.Context
-	s    script
+	s    Script
 	keys []string
 	args []any
 	cmd  *redis.Cmd    // set by the sender before done receives
 	done chan struct{} // receives once the sender has set cmd
 }
-
-const (
-	// defaultPipelines is the number of pipelines in flight at once
-	// (WithPipelines).
-	defaultPipelines = 4
-	// maxBatch bounds the calls in one pipeline: the client writes a whole
-	// pipeline before it reads a reply.
-	maxBatch = 256
-)
 
 // notSentError is the error of a call whose context ended while it was
 // queued: its script was never sent, so it did not run.
@@ -187,7 +223,7 @@ func (e notSentError) Error() string { return "not sent: " + e.err.Error() }
 func (e notSentError) Unwrap() error { return e.err }
 
 // run runs s with keys and args, alone or in a pipeline with other calls'.
-func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) *redis.Cmd {
+func (b *batcher) run(ctx context.Context, s Script, keys []string, args []any) *redis.Cmd {
 	b.mu.Lock()
 	if b.free() && len(b.queue) == 0 {
 		b.senders++
@@ -207,7 +243,7 @@ func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) 
 	}
 	if err := ctx.Err(); err != nil {
 		b.mu.Unlock()
-		return errCmd(ctx, notSentError{err})
+		return ErrCmd(ctx, notSentError{err})
 	}
 	bc, _ := batchedCalls.Get().(*batchedCall)
 	if bc == nil {
@@ -231,7 +267,7 @@ func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) 
 			b.queue = append(b.queue[:i:i], b.queue[i+1:]...)
 			b.mu.Unlock()
 			bc.recycle()
-			return errCmd(ctx, notSentError{ctx.Err()})
+			return ErrCmd(ctx, notSentError{ctx.Err()})
 		}
 	}
 	b.mu.Unlock()
@@ -242,7 +278,7 @@ func (b *batcher) run(ctx context.Context, s script, keys []string, args []any) 
 		// The sender will still set cmd and signal done: bc is left to
 		// the garbage collector, and done to whoever must wait for the
 		// pipeline to be over (see inFlightError).
-		return errCmd(ctx, inFlightError{ctx.Err(), bc.done})
+		return ErrCmd(ctx, inFlightError{ctx.Err(), bc.done})
 	}
 }
 
@@ -260,10 +296,10 @@ type inFlightError struct {
 func (e inFlightError) Error() string { return e.err.Error() }
 func (e inFlightError) Unwrap() error { return e.err }
 
-// inFlight returns the channel that receives once the pipeline that
+// InFlight returns the channel that receives once the pipeline that
 // carried the failed call of err is over, or nil when err is not one of a
 // call that left its pipeline under way.
-func inFlight(err error) <-chan struct{} {
+func InFlight(err error) <-chan struct{} {
 	var e inFlightError
 	if errors.As(err, &e) {
 		return e.done
@@ -287,14 +323,14 @@ func (bc *batchedCall) recycle() *redis.Cmd {
 // startSender starts a goroutine that sends what is queued, in the place
 // (one of max) its caller holds. b.mu is held.
 func (b *batcher) startSender() {
-	b.bg.Add()
+	b.work.Add()
 	go b.sender()
 }
 
 // sender sends the queue, batch after batch, until none is left; then it
 // gives its place up.
 func (b *batcher) sender() {
-	defer b.bg.Done()
+	defer b.work.Done()
 	for {
 		b.mu.Lock()
 		if len(b.queue) == 0 {
@@ -302,7 +338,7 @@ func (b *batcher) sender() {
 			b.mu.Unlock()
 			return
 		}
-		n := min(len(b.queue), maxBatch)
+		n := min(len(b.queue), MaxBatch)
 		batch := b.queue[:n:n]
 		if n == len(b.queue) {
 			b.queue = nil
@@ -348,7 +384,7 @@ func (b *batcher) send(batch []*batchedCall) {
 			if again == nil {
 				again = b.rdb.Pipeline()
 			}
-			bc.cmd = again.Eval(ctx, bc.s.src, bc.keys, bc.args...)
+			bc.cmd = again.Eval(ctx, bc.s.Src, bc.keys, bc.args...)
 		}
 	}
 	if again != nil {
@@ -359,14 +395,15 @@ func (b *batcher) send(batch []*batchedCall) {
 	}
 }
 
-// batchContext is the context of a pipeline shared by the calls of batch:
-// no call's end cancels it (the others still wait for its reply), and when
-// every call has a deadline, it ends at the latest one, when nobody waits
-// any more (go-redis applies it to the connection's reads with
-// ContextTimeoutEnabled; else the client's timeouts bound the pipeline).
-// Its values are the first call's.
+// batchContext is the context of a pipeline shared by the calls of batch.
+// It carries no call's values: the client's hooks (tracing) must not see
+// one request's values beside the others' scripts. No call's end cancels
+// it (the others still wait for its reply), and when every call has a
+// deadline, it ends at the latest one, when nobody waits any more (go-redis
+// applies it to the connection's reads with ContextTimeoutEnabled; else the
+// client's timeouts bound the pipeline).
 func batchContext(batch []*batchedCall) (context.Context, context.CancelFunc) {
-	ctx := context.WithoutCancel(batch[0].ctx)
+	ctx := context.Background()
 	var last time.Time
 	for _, bc := range batch {
 		d, ok := bc.ctx.Deadline()
@@ -380,15 +417,16 @@ func batchContext(batch []*batchedCall) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(ctx, last)
 }
 
-// errCmd returns a command that failed with err before it was sent.
-func errCmd(ctx context.Context, err error) *redis.Cmd {
+// ErrCmd returns a command that failed with err before it was sent.
+func ErrCmd(ctx context.Context, err error) *redis.Cmd {
 	cmd := redis.NewCmd(ctx)
 	cmd.SetErr(err)
 	return cmd
 }
 
-// notSent reports whether err says that a script was never sent.
-func notSent(err error) bool {
+// NotSent reports whether err is that of a call whose script was never
+// sent: its context ended while it was queued.
+func NotSent(err error) bool {
 	var ns notSentError
 	return errors.As(err, &ns)
 }

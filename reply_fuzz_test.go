@@ -2,8 +2,9 @@ package idem
 
 // Fuzz targets for what Do reads from Redis: the claim script's replies
 // (its arrays, and the finished records it returns whole) here; the status
-// script's reply and a record as stored in fuzz_record_test.go; the
-// mapping of keys to Redis keys in fuzz_key_test.go. The seeds (f.Add) run in every go test; fuzz with
+// script's reply and a record as stored in record_fuzz_test.go; the
+// mapping of keys to Redis keys in key_fuzz_test.go. The seeds (f.Add)
+// run in every go test; fuzz with
 //
 //	go test -run='^$' -fuzz=FuzzClaimReply -fuzztime=60s .
 //
@@ -149,7 +150,7 @@ func wantClaim(v []any) (claimReply, bool) {
 	if !ok || len(kind) != 1 {
 		return claimReply{}, false
 	}
-	r := claimReply{kind: kind[0]}
+	r := claimReply{kind: replyKind(kind[0])}
 	switch r.kind {
 	case 'c', 'b':
 		if r.kind == 'b' && len(v) == 4 {
@@ -305,7 +306,7 @@ func FuzzFinished(f *testing.F) {
 		case fp != "" && rec.fp != "" && fp != rec.fp:
 			want = claimReply{kind: 'x'}
 		default:
-			want = claimReply{kind: rec.st[0], payload: rec.payload, owner: rec.own}
+			want = claimReply{kind: replyKind(rec.st[0]), payload: rec.payload, owner: rec.own}
 		}
 		if got != want {
 			t.Fatalf("readFinished(%q, %q) = %+v, want %+v", s, fp, got, want)

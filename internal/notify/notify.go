@@ -1,7 +1,20 @@
-// hub.go: the subscriber connections that wake waiters when an owner
-// finishes or gives up.
-
-package idem
+// Package notify wakes the goroutines that wait on Redis pub/sub channels.
+//
+// A Hub holds a few subscriber connections, shared by all its waiters: one
+// for a single Redis or Sentinel, one per master on a Redis Cluster (with
+// sharded pub/sub, SSUBSCRIBE, which lives on the shard). A channel is
+// subscribed when its first Watcher comes and unsubscribed, in the
+// background, when its last one stops. A Watcher is signalled when the
+// server confirms its subscription (from then on no message is missed, so
+// the waiter should look again at what it waits for) and whenever a message
+// arrives; it keeps the last message.
+//
+// Pub/sub is at most once: messages published while a connection is down
+// are lost. go-redis reconnects and subscribes again (on a cluster, where it
+// cannot, the Hub does), and each new confirmation signals the channel's
+// watchers: a waiter that looks again after every signal, and polls as
+// well, misses nothing.
+package notify
 
 import (
 	"context"
@@ -14,20 +27,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// hub holds the Client's subscriber connections: one for a single Redis or
-// Sentinel, one per master for a cluster (sharded pub/sub lives on the
-// shard). Channels are subscribed when their first waiter comes and
-// unsubscribed when their last one goes. go-redis reconnects a lost
-// connection and subscribes its channels again; in a cluster, where it
-// cannot (see readShard), the hub does it.
-type hub struct {
+// A Hub holds the subscriber connections of one go-redis client and the
+// channels its watchers wait on. It is safe for concurrent use.
+type Hub struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient
-	done    chan struct{} // closed by close
+	done    chan struct{} // closed by Close
 
 	mu       sync.Mutex
 	closed   bool                     // guarded by mu
-	disabled bool                     // guarded by mu; tests: no pub/sub, polling only
+	disabled bool                     // guarded by mu; no subscriptions (Disable)
 	groups   map[string]*redis.PubSub // guarded by mu; by master address ("" outside a cluster)
 	chans    map[string]*channelState // guarded by mu; by channel
 	// leaving holds channels whose last waiter left, for unsubscribe to
@@ -43,31 +52,28 @@ type hub struct {
 	// maps changed without blocking notifications.
 	io sync.Mutex
 
-	// beforeSubscribe, when set (tests), runs between a waiter's claim and
-	// its subscribe: the gap where a missed notification would hide.
-	beforeSubscribe func(channel string)
+	beforeSubscribe func(channel string) // see BeforeSubscribe
 }
 
 type channelState struct {
-	waiters   map[*watcher]struct{}
+	waiters   map[*Watcher]struct{}
 	confirmed bool // the server confirmed the subscription: no message can be missed from now on
 	group     *redis.PubSub
 }
 
-// A watcher is one waiter's interest in one channel. sig receives a value
-// whenever the waiter should claim again: the subscription was confirmed
-// (or renewed after a reconnect), or a notification arrived.
-type watcher struct {
-	h   *hub
+// A Watcher is one waiter's interest in one channel.
+type Watcher struct {
+	h   *Hub
 	ch  string
 	sig chan struct{}
-	// note is the last notification that came for the channel: a waiter
-	// reads it when sig wakes it (see notified).
+	// note is the last message that came for the channel.
 	note atomic.Pointer[string]
 }
 
-func newHub(rdb redis.UniversalClient) *hub {
-	h := &hub{
+// New returns a Hub that subscribes through rdb; it makes no connection
+// until the first Watch.
+func New(rdb redis.UniversalClient) *Hub {
+	h := &Hub{
 		rdb:    rdb,
 		done:   make(chan struct{}),
 		groups: make(map[string]*redis.PubSub),
@@ -77,8 +83,13 @@ func newHub(rdb redis.UniversalClient) *hub {
 	return h
 }
 
-func (h *hub) watch(ch string) *watcher {
-	w := &watcher{h: h, ch: ch, sig: make(chan struct{}, 1)}
+// Watch returns a Watcher of channel ch, subscribing ch if it is new.
+// Its signal (C) fires once the subscription is confirmed, and at every
+// message; not at all once the Hub is closed or disabled, nor while the
+// subscription cannot be made: the waiter must poll as well. Stop it when
+// done.
+func (h *Hub) Watch(ch string) *Watcher {
+	w := &Watcher{h: h, ch: ch, sig: make(chan struct{}, 1)}
 	if hook := h.beforeSubscribe; hook != nil {
 		hook(ch)
 	}
@@ -112,7 +123,7 @@ func (h *hub) watch(ch string) *watcher {
 		}
 		h.groups[shard] = ps
 	}
-	h.chans[ch] = &channelState{waiters: map[*watcher]struct{}{w: {}}, group: ps}
+	h.chans[ch] = &channelState{waiters: map[*Watcher]struct{}{w: {}}, group: ps}
 	// Hand over to the I/O lock: subscribes and unsubscribes go out in the
 	// order the map changed, while notifications need only h.mu.
 	h.io.Lock()
@@ -137,11 +148,11 @@ func (h *hub) watch(ch string) *watcher {
 }
 
 // start runs the reader of a new subscriber connection.
-func (h *hub) start(ps *redis.PubSub) {
+func (h *Hub) start(ps *redis.PubSub) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return // close closed ps
+		return // Close closed ps
 	}
 	if h.cluster != nil {
 		alive := make(chan struct{}, 1)
@@ -185,7 +196,7 @@ const (
 // channels again one by one, and each confirmation tells the channel's
 // waiters to claim again (a notification may have been lost while the
 // connection was down).
-func (h *hub) readShard(ps *redis.PubSub, alive chan<- struct{}) {
+func (h *Hub) readShard(ps *redis.PubSub, alive chan<- struct{}) {
 	defer h.wg.Done()
 	ctx := context.Background()
 	failures := 0 // connection errors in a row
@@ -202,7 +213,7 @@ func (h *hub) readShard(ps *redis.PubSub, alive chan<- struct{}) {
 					h.resubscribe(ps)
 				}
 			default:
-				// The connection is lost (or closed by close); go-redis
+				// The connection is lost (or closed by Close); go-redis
 				// reconnects on the next receive. Pause if that failed.
 				if failures > 0 && !h.pause(100*time.Millisecond) {
 					return
@@ -229,7 +240,7 @@ func (h *hub) readShard(ps *redis.PubSub, alive chan<- struct{}) {
 
 // pingShard is the health check of a cluster subscriber connection: a PING
 // when readShard received nothing for idleCheck.
-func (h *hub) pingShard(ps *redis.PubSub, alive <-chan struct{}) {
+func (h *Hub) pingShard(ps *redis.PubSub, alive <-chan struct{}) {
 	defer h.wg.Done()
 	t := time.NewTimer(idleCheck)
 	defer t.Stop()
@@ -249,7 +260,7 @@ func (h *hub) pingShard(ps *redis.PubSub, alive <-chan struct{}) {
 
 // resubscribe subscribes ps's channels again one SSUBSCRIBE each, after
 // go-redis's re-subscription of them all in one was refused.
-func (h *hub) resubscribe(ps *redis.PubSub) {
+func (h *Hub) resubscribe(ps *redis.PubSub) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -279,7 +290,7 @@ func (h *hub) resubscribe(ps *redis.PubSub) {
 
 // pause waits for d and reports true, or reports false at once when the
 // hub is closed.
-func (h *hub) pause(d time.Duration) bool {
+func (h *Hub) pause(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -292,7 +303,7 @@ func (h *hub) pause(d time.Duration) bool {
 
 // notify wakes the waiters of channel ch: for a confirmed subscription,
 // or a notification whose message is msg.
-func (h *hub) notify(ch string, confirmed bool, msg string) {
+func (h *Hub) notify(ch string, confirmed bool, msg string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	cs, ok := h.chans[ch]
@@ -310,18 +321,34 @@ func (h *hub) notify(ch string, confirmed bool, msg string) {
 	}
 }
 
-func (w *watcher) notify() {
+// C receives a value whenever the waiter should look again: the
+// subscription was confirmed (or made again after a reconnect), or a
+// message arrived. Values do not queue: one stands for any number.
+func (w *Watcher) C() <-chan struct{} { return w.sig }
+
+// Note returns the last message of more than one byte that came for the
+// channel since the last call, and forgets it (shorter messages only
+// signal). The message is shared
+// by every watcher of the channel: do not change it.
+func (w *Watcher) Note() (msg string, ok bool) {
+	if p := w.note.Swap(nil); p != nil {
+		return *p, true
+	}
+	return "", false
+}
+
+func (w *Watcher) notify() {
 	select {
 	case w.sig <- struct{}{}:
 	default:
 	}
 }
 
-// stop ends the watcher's interest in its channel. The channel's last
+// Stop ends the watcher's interest in its channel. The channel's last
 // waiter leaves it to unsubscribe, in the background: a waiter returns
 // without waiting for the write, and the waiters that a crowd of owners'
 // outcomes wakes at once do not line up behind each other's writes.
-func (w *watcher) stop() {
+func (w *Watcher) Stop() {
 	h := w.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -350,7 +377,7 @@ func (w *watcher) stop() {
 // none is left. A channel is dropped from h.chans before its unsubscribe
 // goes out, in h.io's order: a waiter that comes for it then subscribes it
 // anew, after the unsubscribe.
-func (h *hub) unsubscribe() {
+func (h *Hub) unsubscribe() {
 	defer h.wg.Done()
 	for {
 		h.mu.Lock()
@@ -385,7 +412,34 @@ func (h *hub) unsubscribe() {
 	}
 }
 
-func (h *hub) close() error {
+// BeforeSubscribe makes Watch call f(ch) before it subscribes: tests use
+// it to publish in the gap between a waiter's look and its subscription.
+// Set it before the first Watch.
+func (h *Hub) BeforeSubscribe(f func(ch string)) { h.beforeSubscribe = f }
+
+// Disable makes later watchers subscribe nothing: they are never
+// signalled, and waiters rely on polling alone.
+func (h *Hub) Disable() {
+	h.mu.Lock()
+	h.disabled = true
+	h.mu.Unlock()
+}
+
+// Subscribed returns the number of channels that have watchers, or whose
+// unsubscription has not been sent yet.
+func (h *Hub) Subscribed() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.chans)
+}
+
+// Done is closed by Close.
+func (h *Hub) Done() <-chan struct{} { return h.done }
+
+// Close closes the subscriber connections and waits for the Hub's
+// goroutines. Watchers are not signalled: waiters select on Done too.
+// It is safe to call more than once.
+func (h *Hub) Close() error {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()

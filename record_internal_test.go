@@ -6,7 +6,7 @@ import "testing"
 // the waiter saw, with a fingerprint that does not conflict.
 func TestNotified(t *testing.T) {
 	rec := func(st byte, fp, owner string, n int64, payload string) string {
-		return string(append(appendHeader(nil, st, fp, owner, n), payload...))
+		return string(append(appendHeader(nil, recordState(st), fp, owner, n), payload...))
 	}
 	cases := []struct {
 		name, msg, fp, owner string
@@ -32,7 +32,7 @@ func TestNotified(t *testing.T) {
 	}
 	for _, tc := range cases {
 		r, ok := notified(tc.msg, tc.fp, tc.owner)
-		if ok != tc.ok || (ok && (r.kind != tc.kind || r.payload != tc.payload)) {
+		if ok != tc.ok || (ok && (byte(r.kind) != tc.kind || r.payload != tc.payload)) {
 			t.Errorf("%s: notified(%q) = %c %q %v; want %c %q %v", tc.name, tc.msg, r.kind, r.payload, ok, tc.kind, tc.payload, tc.ok)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/faultconn"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
@@ -219,7 +220,7 @@ type rapidMachine struct {
 	firstLate map[string]int64
 	noRun     map[string]int
 
-	live owners // fns running, by key: the check of one live owner
+	live idemtest.Owners // fns running, by key: the check of one live owner
 
 	// The slow steps are drawn on for half the checks (slowOn), so that
 	// the others, which need not wait for a slow step's end, keep the
@@ -349,7 +350,7 @@ func (m *rapidMachine) fn(c *rapidCall) func(context.Context) ([]byte, error) {
 		// started on a lease that ended meanwhile: the goroutine stalled
 		// between the lease check and fn); it is counted, not checked.
 		if ctx.Err() == nil {
-			leave := m.live.enter(ctx)
+			leave := m.live.Enter(ctx)
 			defer leave()
 		} else {
 			m.env.deadStarts.Add(1)
@@ -555,9 +556,7 @@ func (m *rapidMachine) final(c *rapidCall, seq int64, kind byte, payload string,
 
 // check is the invariant, run after every step.
 func (m *rapidMachine) check(rt *rapid.T) {
-	m.live.mu.Lock()
-	overlaps := append([]string(nil), m.live.overlaps...)
-	m.live.mu.Unlock()
+	overlaps := m.live.Overlaps()
 	m.mu.Lock()
 	problems := append([]string(nil), m.problems...)
 	for _, o := range overlaps {

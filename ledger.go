@@ -21,6 +21,9 @@ import (
 // Implementations must be safe for concurrent use.
 type Ledger interface {
 	// Lookup returns the outcome recorded for key, and false when none is.
+	// Keys are compared as bytes: an entry of another key, or one whose
+	// fingerprint is not a digest idem made, fails the call with an error
+	// wrapping ErrCorrupt, and fn does not run.
 	Lookup(ctx context.Context, key string) (Entry, bool, error)
 }
 
@@ -188,8 +191,13 @@ func (p *Pending) Committed(e Entry, v any) {
 // rolled back. e becomes the call's outcome. Found returns the error for
 // the helper to return to fn: ErrConflict when e's fingerprint differs
 // from the call's (Do then returns ErrConflict), else ErrRecorded (Do then
-// returns e's outcome).
+// returns e's outcome). An e of another key, or with a fingerprint that is
+// not a digest, is not the call's outcome: Found returns an error wrapping
+// ErrCorrupt, for fn to return.
 func (p *Pending) Found(e Entry) error {
+	if err := checkEntry(p.key, &e); err != nil {
+		return err // not this call's outcome: fn's transaction is void
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.outcome == nil {
@@ -200,6 +208,24 @@ func (p *Pending) Found(e Entry) error {
 	}
 	return fmt.Errorf("%w: key %q", ErrRecorded, p.key)
 }
+
+// checkEntry tells why e, which a ledger holds for key, cannot be key's
+// outcome: it is another key's (a key column that folds case, or trims or
+// cuts bytes, maps two keys to one row), or its fingerprint is no digest
+// idem made. The ledger cannot decide key's outcome then: the call fails
+// closed, and no record is finished from e.
+func checkEntry(key string, e *Entry) error {
+	switch {
+	case e.Key != key:
+		return fmt.Errorf("%w: key %q: the ledger holds the outcome of key %q under it (does its key column compare bytes?)", ErrCorrupt, key, e.Key)
+	case e.Fingerprint != "" && len(e.Fingerprint) != digestSize:
+		return fmt.Errorf("%w: key %q: the ledger holds a fingerprint of %d bytes, not a digest of %d", ErrCorrupt, key, len(e.Fingerprint), digestSize)
+	}
+	return nil
+}
+
+// digestSize is the length of a fingerprint's digest (see digest).
+const digestSize = 16
 
 // conflicts reports whether two fingerprint digests differ, "" matching any.
 func conflicts(a, b string) bool { return a != "" && b != "" && a != b }

@@ -67,12 +67,15 @@ const (
 func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
 	var v any
 	var err error
+	// The steps' checkpoints ride along: a takeover resets their TTL with
+	// the record's (see lua/claim.lua).
+	steps := keys[0] + stepsSuffix
 	if c.tomb.on {
-		tkeys := []string{keys[0], c.tomb.base(c.cfg.prefix, keys[0])}
+		tkeys := []string{keys[0], steps, c.tomb.base(c.cfg.prefix, keys[0])}
 		v, err = c.write(ctx, claimScript, tkeys, first, c.retentionMs, c.ages,
 			tombstoneField(keys[0]), c.tomb.span, c.tomb.window, fp[:min(len(fp), 8)]).Result()
 	} else {
-		v, err = c.write(ctx, claimScript, keys[:1], first, c.retentionMs, c.ages).Result()
+		v, err = c.write(ctx, claimScript, []string{keys[0], steps}, first, c.retentionMs, c.ages).Result()
 	}
 	if err != nil {
 		return claimReply{}, err

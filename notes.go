@@ -133,13 +133,15 @@ func (cl *call) observeStored(serr, err error) {
 
 // observeLedger notes an outcome that the ledger decided: this call's own
 // commit (mine; a stored failure when failed), or an earlier attempt's,
-// replayed.
-func (cl *call) observeLedger(mine, failed bool) {
+// replayed, or a conflict with it (another fingerprint's).
+func (cl *call) observeLedger(mine, failed, conflict bool) {
 	st := cl.notes
 	if st == nil {
 		return
 	}
 	switch {
+	case conflict:
+		st.outcome, st.attempt = EventConflict, 0
 	case !mine:
 		st.outcome, st.attempt = EventReplayed, 0
 	case failed:

@@ -68,6 +68,9 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	if p != nil && (cl.n > 1 || c.cfg.ledgerLookups) {
 		// A takeover: an earlier attempt may have committed.
 		recorded, lerr = cl.lookup(fctx)
+		if recorded == nil && lerr == nil {
+			lerr = cl.leftAfterLookup(fctx)
+		}
 	}
 	if recorded == nil && lerr == nil {
 		res, err = cl.fn(fctx)
@@ -118,9 +121,8 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	default:
 		record, free = finishedRecord(recordDone, cl.fp, cl.token, cl.n, res)
 	}
-	serr := cl.complete(ctx, record)
+	serr := cl.complete(ctx, record, free)
 	cl.observeStored(serr, err)
-	free()
 	if serr != nil {
 		if err != nil {
 			return res, true, errors.Join(serr, err)
@@ -140,7 +142,24 @@ func (cl *call) lookup(ctx context.Context) (*Entry, error) {
 	case !ok:
 		return nil, nil
 	}
+	if err := checkEntry(cl.key, &e); err != nil {
+		return nil, fmt.Errorf("%w (fn did not run)", err)
+	}
 	return &e, nil
+}
+
+// leftAfterLookup tells why fn must not start after a ledger lookup that
+// found nothing: the lookup took so long that the lease ended, or has
+// less left than fn may start on (the renewals failed meanwhile), or the
+// caller gave up.
+func (cl *call) leftAfterLookup(fctx *attemptCtx) error {
+	if err := fctx.Err(); err != nil {
+		return fmt.Errorf("idem: key %q: after the ledger lookup (fn did not run): %w", cl.key, causeOf(fctx, err))
+	}
+	if left := time.Duration(fctx.deadline.Load() - mono()); left < cl.c.renewals.every {
+		return fmt.Errorf("%w: key %q: %v of the lease left after the ledger lookup (fn did not run)", ErrLeaseLost, cl.key, left.Round(time.Millisecond))
+	}
+	return nil
 }
 
 // finishFromLedger finishes the record of the call's attempt from e, the
@@ -150,28 +169,40 @@ func (cl *call) lookup(ctx context.Context) (*Entry, error) {
 // the next caller takes over, finds e in the ledger and finishes it.
 func (cl *call) finishFromLedger(ctx context.Context, e *Entry, mine bool, fnErr error) (res []byte, retry bool, err error) {
 	record, free := ledgerRecord(e, cl.token, cl.n)
-	serr := cl.complete(ctx, record)
-	free()
+	serr := cl.complete(ctx, record, free)
 	if serr != nil && !errors.Is(serr, ErrLeaseLost) {
 		cl.release(ctx, false)
 	}
 	if mine && !e.Failed && fnErr != nil {
 		cl.c.warnKey(ctx, "idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands", cl.key, fnErr)
 	}
-	cl.observeLedger(mine, e.Failed)
+	cl.observeLedger(mine, e.Failed, conflicts(cl.fp, e.Fingerprint))
 	res, err = ledgerOutcome(cl.key, cl.fp, e)
 	return res, false, err
 }
 
 // complete records an outcome, a record built by finishedRecord, with
 // compare-and-set on the call's claim, retrying with a detached context
-// until the store timeout. It never releases: fn has acted.
-func (cl *call) complete(ctx context.Context, record []byte) error {
+// until the store timeout. It never releases: fn has acted. Then it frees
+// the record's buffer (free, from finishedRecord), unless a try left a
+// pipeline under way that may still send the record (see
+// pipeline.InFlight): that buffer is left to the garbage collector, for
+// another record written into it would be sent as this one.
+func (cl *call) complete(ctx context.Context, record []byte, free func()) error {
 	c := cl.c
 	dctx := c.bounds.detached(ctx)
+	sending := false // a pipeline under way may still send record
+	defer func() {
+		if !sending {
+			free()
+		}
+	}()
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
 		n, err := cl.completeScript(dctx, record).Int64()
+		if pipeline.InFlight(err) != nil {
+			sending = true
+		}
 		switch {
 		case err == nil && n == 1:
 			return nil

@@ -219,6 +219,10 @@ const maxPendingRenewals = 2
 func (cl *call) renew(ctx context.Context) (renewed bool, sent int64, err error) {
 	c := cl.c
 	sent = mono()
-	n, err := c.scripts.Run(ctx, renewScript, cl.keys[:1], cl.token, c.leaseMs, c.retentionMs).Int64()
+	// The steps' checkpoints are renewed with the record: a checkpoint
+	// must last as long as the record it belongs to, however long fn runs
+	// after it (see lua/step.lua).
+	rk := []string{cl.keys[0], cl.keys[0] + stepsSuffix}
+	n, err := c.scripts.Run(ctx, renewScript, rk, cl.token, c.leaseMs, c.retentionMs).Int64()
 	return err == nil && n == 1, sent, err
 }

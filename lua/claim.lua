@@ -3,6 +3,9 @@
 -- (lua/record.lua, inserted below, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
+-- KEYS[2]  its steps' checkpoints, <prefix>:{<key>}:steps (see lua/step.lua):
+--          a takeover resets their TTL with the record's, so that they
+--          live as long as it does (optional: without it, nothing is reset)
 -- ARGV[1]  the caller's new claim, as the caller built it: the record of
 --          attempt 1 in progress, with the caller's fingerprint digest
 --          ("" = not checked), its owner token (random per Do call) and
@@ -11,7 +14,7 @@
 --          call short, and a new key's record is stored as it is.
 -- ARGV[2]  retention in milliseconds (the record's TTL), at least the lease
 -- ARGV[3]  "1" to return a finished record with its PTTL (for its age)
--- KEYS[2], ARGV[4..7]  with tombstones only (see lua/tombstone.lua): the
+-- KEYS[3], ARGV[4..7]  with tombstones only (see lua/tombstone.lua): the
 --          stem of the key's tombstone buckets; the tombstone's field, the
 --          tombstones' span (retention + tombstone time) and window width
 --          in milliseconds, and the first 8 bytes of the caller's
@@ -46,9 +49,9 @@
 -- defining them (Lua closures) costs every call that reaches them.
 local s = redis.pcall('GET', KEYS[1])
 if not s then
-  if KEYS[2] then
+  if KEYS[3] then
     --[[lua/tombstone.lua]]
-    local v = tombLookup(KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]))
+    local v = tombLookup(KEYS[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]))
     if v then
       if ARGV[7] ~= '' and v ~= '' and v ~= ARGV[7] then
         return 0
@@ -104,4 +107,7 @@ if fp == '' then fp = cfp end
 redis.call('SET', KEYS[1], '1p' .. string.char(#fp) .. fp ..
   string.char(#token) .. token .. string.format('%d', n) .. ':' ..
   string.format('%d', cmark), 'PX', ARGV[2])
+if KEYS[2] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
 return n

@@ -4,6 +4,9 @@
 -- (lua/record.lua, prepended, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
+-- KEYS[2]  (optional) its steps' checkpoints, <prefix>:{<key>}:steps (see
+--          lua/step.lua): their TTL is reset with the record's, so that
+--          they live as long as it does
 -- ARGV[1]  owner token
 -- ARGV[2]  lease in milliseconds, counted from now
 -- ARGV[3]  retention in milliseconds, at least the lease: the TTL is reset
@@ -20,4 +23,7 @@ if st ~= 'p' or own ~= ARGV[1] then
 end
 redis.call('SET', KEYS[1], string.sub(s, 1, i) ..
   string.format('%d', tonumber(ARGV[3]) - tonumber(ARGV[2])), 'PX', ARGV[3])
+if KEYS[2] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
 return 1

@@ -20,9 +20,11 @@
 -- nothing is read or written and the reply is 0: the caller's attempt
 -- ended (another caller took over, it was released or finished, the
 -- record is gone or is not a record). Otherwise the hash's TTL becomes
--- the record's (PTTL; none if the record has none): the checkpoints never
--- outlive the record, so a claim of an absent key (attempt 1) finds none
--- of an earlier life of the key, and needs no read.
+-- the record's (PTTL; none if the record has none), as renew.lua and a
+-- takeover in claim.lua make it: the checkpoints live as long as the
+-- record, however long fn runs after them, and never outlive it, so a
+-- claim of an absent key (attempt 1) finds none of an earlier life of the
+-- key, and needs no read.
 --
 -- Read (ARGV[3] == ""): returns the checkpoint stored under the name, or
 -- "" when there is none.

@@ -210,7 +210,7 @@ func parseEvent(v map[string]any) (event, error) {
 func foundInLedger(found func()) idem.Observer {
 	var mu sync.Mutex
 	tookOver := map[string]bool{} // by key digest: calls between their takeover and outcome
-	return idem.ObserverFunc(func(_ context.Context, e idem.Event) {
+	return observerFunc(func(_ context.Context, e idem.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -224,3 +224,9 @@ func foundInLedger(found func()) idem.Observer {
 		}
 	})
 }
+
+// observerFunc adapts a function to an idem.Observer.
+type observerFunc func(ctx context.Context, e idem.Event)
+
+// Observe calls f.
+func (f observerFunc) Observe(ctx context.Context, e idem.Event) { f(ctx, e) }

@@ -1,5 +1,6 @@
 // check.go: Check, which tells whether the Redis behind a Client can keep
-// idem's promises, for start-up and readiness probes.
+// idem's promises, for start-up and readiness probes; and the Client's own
+// periodic check of maxmemory-policy.
 
 package idem
 
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/redis/go-redis/v9"
@@ -182,17 +184,107 @@ func field(text, sep, prefix string) string {
 	return ""
 }
 
-// checkEvictionPolicy warns through the logger when the server's
-// maxmemory-policy is not noeviction, or cannot be read (New runs it).
-func (c *Client) checkEvictionPolicy(ctx context.Context) {
-	m, err := c.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
+// policyCheckEvery is how often a Client checks maxmemory-policy again: a
+// policy changed at run time is reported within it.
+const policyCheckEvery = time.Minute
+
+// policyWatch checks the servers' maxmemory-policy when the Client starts
+// and every policyCheckEvery until Close, and logs what changed: a policy
+// other than noeviction, or a check that cannot be made, each once until
+// it changes again. Between checks it holds a timer, no goroutine.
+type policyWatch struct {
+	mu      sync.Mutex
+	timer   *time.Timer // guarded by mu; the next check
+	stopped bool        // guarded by mu; Close was called
+
+	// The last policy seen per server ("" when unknown), and whether the
+	// last check failed; only the check under way uses them.
+	seen   map[string]string
+	failed bool
+}
+
+// start runs the first check in the background and schedules the next.
+func (w *policyWatch) start(c *Client, every time.Duration) {
+	if every <= 0 {
+		every = policyCheckEvery
+	}
+	w.seen = map[string]string{}
+	var check func()
+	check = func() {
+		defer c.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		w.check(ctx, c)
+		cancel()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !w.stopped {
+			w.timer = time.AfterFunc(every, func() {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				if !w.stopped {
+					c.bg.Add() // before Close can wait for c.bg, which it does once stopped
+					go check()
+				}
+			})
+		}
+	}
+	c.bg.Add() // the first check runs even if Close comes at once
+	go check()
+}
+
+// stop cancels the next check; one under way goes on, and Close waits for
+// it (c.bg).
+func (w *policyWatch) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	w.mu.Unlock()
+}
+
+// check reads maxmemory-policy (on every master of a cluster) and logs
+// what changed since the last check.
+func (w *policyWatch) check(ctx context.Context, c *Client) {
+	got := map[string]string{}
+	var mu sync.Mutex
+	read := func(ctx context.Context, rdb redis.Cmdable, addr string) error {
+		m, err := rdb.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		got[addr] = m["maxmemory-policy"]
+		mu.Unlock()
+		return nil
+	}
+	var err error
+	switch rdb := c.rdb.(type) {
+	case *redis.ClusterClient:
+		err = rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return read(ctx, node, node.Options().Addr)
+		})
+	default:
+		err = read(ctx, rdb, "")
+	}
 	if err != nil {
-		c.cfg.logger.Warn("idem: cannot check Redis maxmemory-policy; make sure it is noeviction, or live claims may be evicted",
-			"error", err)
+		if !w.failed {
+			c.cfg.logger.Warn("idem: cannot check Redis maxmemory-policy; make sure it is noeviction, or live claims may be evicted",
+				"error", err)
+		}
+		w.failed = true
 		return
 	}
-	if p, ok := m["maxmemory-policy"]; ok && p != "noeviction" {
-		c.cfg.logger.Warn("idem: Redis maxmemory-policy is not noeviction: records have TTLs, so Redis may evict live claims and let a retry run twice",
-			"maxmemory-policy", p)
+	w.failed = false
+	for addr, p := range got {
+		if p != "" && p != "noeviction" && w.seen[addr] != p {
+			args := []any{"maxmemory-policy", p}
+			if addr != "" {
+				args = append(args, "server", addr)
+			}
+			c.cfg.logger.Warn("idem: Redis maxmemory-policy is not noeviction: records have TTLs, so Redis may evict live claims and let a retry run twice",
+				args...)
+		}
+		w.seen[addr] = p
 	}
 }

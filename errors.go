@@ -4,11 +4,16 @@
 package idem
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"reflect"
 	"strings"
 	"sync"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Errors returned by Do, matched with errors.Is.
@@ -84,7 +89,44 @@ var (
 
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("idem: client closed")
+
+	// ErrUnavailable means a claim could not reach Redis (no connection,
+	// a connection lost, a timeout, the go-redis pool exhausted), or Redis
+	// answered that it cannot serve for now (LOADING, BUSY, MASTERDOWN,
+	// CLUSTERDOWN, TRYAGAIN, READONLY, OOM). fn did not run; retry later.
+	// A call whose own context ended gets ctx.Err() instead.
+	ErrUnavailable = errors.New("idem: Redis unavailable")
 )
+
+// claimError is the error Do returns for a claim of key that failed with
+// err: it wraps ErrUnavailable as well when Redis could not be reached or
+// could not serve, unless ctx ended (the caller gave up).
+func claimError(ctx context.Context, key string, err error) error {
+	if ctx.Err() == nil && unavailable(err) {
+		return fmt.Errorf("%w: claim key %q: %w", ErrUnavailable, key, err)
+	}
+	return fmt.Errorf("idem: claim key %q: %w", key, err)
+}
+
+// unavailable reports whether err, the error of a script call, says that
+// Redis could not be reached or cannot serve for now.
+func unavailable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		code, _, _ := strings.Cut(re.Error(), " ")
+		switch code {
+		case "LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM":
+			return true
+		}
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, redis.ErrPoolTimeout) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
 
 // Permanent marks err as the final outcome of the operation: Do stores its
 // message and every later call with the key gets it back (as a

@@ -117,6 +117,12 @@ func Queued(c *Client) int { return c.scripts.Queued() }
 // the calls behind it to stay queued set it long. Set it before c sends.
 func SetSlowPipeline(c *Client, d time.Duration) { c.scripts.SetSlow(d) }
 
+// WithPolicyCheckEvery sets how often the Client checks maxmemory-policy
+// again (a minute otherwise).
+func WithPolicyCheckEvery(d time.Duration) Option {
+	return func(c *config) { c.policyEvery = d }
+}
+
 // TombstoneCompletion returns what c sends to finish key's attempt 1 as
 // owner token, with result res, when c leaves tombstones: the claim record
 // to store first (as claim.lua would), and the keys and arguments of

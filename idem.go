@@ -49,8 +49,9 @@ type Client struct {
 	// client's clock against the server's, and for timers that fire late.
 	margin time.Duration
 
-	bg        pipeline.Work // work that outlives its call (releases, renewal calls, senders), and New's check
+	bg        pipeline.Work // work that outlives its call (releases, renewal calls, senders), and the policy checks
 	releasing atomic.Int64  // releases under way in the background
+	policy    policyWatch   // the periodic check of maxmemory-policy
 
 	closed atomic.Bool
 }
@@ -59,8 +60,9 @@ type Client struct {
 // *redis.Client, a Sentinel failover client or a *redis.ClusterClient. The
 // Client does not own rdb: Close does not close it.
 //
-// New starts a check of the server's maxmemory-policy in the background; a
-// policy other than noeviction is reported through the logger (WithLogger).
+// New starts a check of the server's maxmemory-policy in the background,
+// repeated every minute until Close; a policy other than noeviction is
+// reported through the logger (WithLogger) when first seen.
 // New panics if an option is invalid, as that is a programming error.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	cfg := defaultConfig()
@@ -92,13 +94,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	}
 	c.hub = notify.New(rdb)
 	if rdb != nil {
-		c.bg.Add()
-		go func() {
-			defer c.bg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			c.checkEvictionPolicy(ctx)
-		}()
+		c.policy.start(c, cfg.policyEvery)
 	}
 	return c
 }
@@ -115,6 +111,7 @@ func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
+	c.policy.stop()
 	err := c.hub.Close()
 	c.bg.Wait()
 	return err

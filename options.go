@@ -30,6 +30,7 @@ type config struct {
 	observers     []Observer
 	eventSecret   []byte // of Event.Key; nil: processSecret
 	rawEventKeys  bool
+	policyEvery   time.Duration // between checks of maxmemory-policy; 0: policyCheckEvery (tests shorten it)
 	tombstones    time.Duration // kept past the retention; 0 = none
 	ledger        Ledger        // nil: none
 	ledgerLookups bool          // look up before every fn, not only takeovers
@@ -181,6 +182,15 @@ func WithMaxResultSize(n int) Option {
 		c.maxResultSize = n
 	}
 }
+
+// MaxKeyLen returns the longest key the Client accepts, in bytes
+// (WithMaxKeyLen), for integrations that check their own limits against it.
+func (c *Client) MaxKeyLen() int { return c.cfg.maxKeyLen }
+
+// MaxResultSize returns the largest result the Client stores, in bytes
+// (WithMaxResultSize), for integrations that check their own limits
+// against it.
+func (c *Client) MaxResultSize() int { return c.cfg.maxResultSize }
 
 // WithLogger sets the logger for what the Client notices on its own: a Redis
 // eviction policy that can drop live claims, failures to renew a lease or

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/idem-go/idem/internal/pipeline"
@@ -57,7 +58,7 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 				p.close() // a commit left behind gets ErrNoLedger
 			}
 			cl.observeRelease(fctx)
-			cl.release(ctx)
+			cl.release(ctx, false)
 		}
 	}()
 	var (
@@ -97,7 +98,7 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	switch {
 	case lerr != nil:
 		cl.observeRelease(fctx)
-		cl.release(ctx)
+		cl.release(ctx, false)
 		return nil, true, lerr
 	case recorded != nil:
 		return cl.finishFromLedger(ctx, recorded, false, nil)
@@ -105,7 +106,7 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 
 	if err != nil && !IsPermanent(err) {
 		cl.observeRelease(fctx)
-		cl.release(ctx)
+		cl.release(ctx, false)
 		return nil, true, err
 	}
 	var record []byte
@@ -170,7 +171,7 @@ func (cl *call) finishFromLedger(ctx context.Context, e *Entry, mine bool, fnErr
 	record, free := ledgerRecord(e, cl.token, cl.n)
 	serr := cl.complete(ctx, record, free)
 	if serr != nil && !errors.Is(serr, ErrLeaseLost) {
-		cl.release(ctx)
+		cl.release(ctx, false)
 	}
 	if mine && !e.Failed && fnErr != nil {
 		cl.c.warnKey(ctx, "idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands", cl.key, fnErr)
@@ -229,12 +230,20 @@ func (cl *call) complete(ctx context.Context, record []byte, free func()) error 
 }
 
 // release gives the call's claim up if it is still its own, so the next
-// caller can take over at once instead of after the lease.
-func (cl *call) release(ctx context.Context) {
+// caller can take over at once instead of after the lease. unknown says
+// that the claim's own reply was lost: it may never have been made, so a
+// failed release is no news worth a warning (the claim's error said why).
+func (cl *call) release(ctx context.Context, unknown bool) {
 	c := cl.c
 	dctx := c.bounds.detached(ctx)
 	err := c.scripts.Run(dctx, releaseScript, cl.keys, cl.token, c.publish).Err()
-	if err != nil {
+	switch {
+	case err == nil:
+	case unknown:
+		c.cfg.logger.LogAttrs(ctx, slog.LevelDebug,
+			"idem: could not give back a claim whose reply was lost (it may never have been made; if it was, the key stays claimed until the lease ends)",
+			c.LogAttrs(cl.key, err)...)
+	default:
 		c.warnKey(ctx, "idem: could not release a claim; the key stays claimed until the lease ends", cl.key, err)
 	}
 }
@@ -253,9 +262,15 @@ func (cl *call) release(ctx context.Context) {
 // and hold the key for a lease with nobody to run fn.
 func (cl *call) giveBack(ctx context.Context, cause error) {
 	c := cl.c
+	unknown := cause != nil && !errors.Is(cause, ErrNotReplicated) // a claim not replicated was made
 	if c.releasing.Add(1) > maxBackgroundReleases {
 		c.releasing.Add(-1)
-		c.warnKey(ctx, "idem: too many releases under way; the key stays claimed until the lease ends", cl.key, nil)
+		if unknown {
+			c.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "idem: too many releases under way; the claim, if it was made, stays until the lease ends",
+				c.LogAttrs(cl.key, nil)...)
+		} else {
+			c.warnKey(ctx, "idem: too many releases under way; the key stays claimed until the lease ends", cl.key, nil)
+		}
 		return
 	}
 	done := make(chan struct{})
@@ -268,7 +283,7 @@ func (cl *call) giveBack(ctx context.Context, cause error) {
 		if sent != nil {
 			<-sent
 		}
-		cl.release(ctx)
+		cl.release(ctx, unknown)
 	}()
 	select {
 	case <-done:

@@ -71,7 +71,7 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 			if seen > 0 && ctx.Err() != nil {
 				return nil, true, fmt.Errorf("%w: key %q, attempt %d: %w", ErrInProgress, key, seen, ctx.Err())
 			}
-			return nil, ctx.Err() != nil, fmt.Errorf("idem: claim key %q: %w", key, err)
+			return nil, ctx.Err() != nil, claimError(ctx, key, err)
 		}
 		cl.observeClaim(r.kind, r.n, r.age)
 		switch r.kind {

@@ -1,11 +1,11 @@
 module github.com/idem-go/idem/bench
 
-go 1.26.8
+go 1.26.0
 
 replace github.com/idem-go/idem => ../
 
 require (
-	github.com/idem-go/idem v0.0.0
+	github.com/idem-go/idem v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
 	github.com/valkey-io/valkey-go v1.0.79

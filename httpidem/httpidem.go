@@ -30,13 +30,15 @@
 //	retry after the retention, response gone      410     problem+json, ProblemLateRetry
 //	  (only its tombstone: idem.WithTombstones)
 //	first request still running after the wait    409     problem+json, ProblemInProgress, Retry-After
+//	  (the Client's idem.WithWait, 10s by default)
 //	key empty, too long, not visible ASCII,       400     problem+json, ProblemKeyInvalid
 //	  or sent twice
 //	key missing under WithRequired                400     problem+json, ProblemKeyMissing
 //	body over WithMaxBody                         413     problem+json, ProblemBodyTooLarge
 //	body unreadable, JSON nested over 10000       400     problem+json, ProblemBadRequest
 //	  levels, or WithFingerprint failed
-//	WithScope failed                              401     problem+json, ProblemScope (or the error's StatusCode())
+//	WithScope failed                              401     problem+json, ProblemScope (or the error's StatusCode());
+//	                                                      WWW-Authenticate from Unauthenticated
 //	retry after a response too large to store     500     problem+json, ProblemNotStored
 //	the handler ran, its response not recorded    500     problem+json, ProblemNotRecorded
 //	stored record unreadable, or other failure    500     problem+json, ProblemServerError
@@ -94,10 +96,10 @@
 // written (Flush then works) and is not stored: the handler has run, so the
 // key is finished as a failure (the log says so) and a retry gets 500
 // ProblemNotStored, never a truncated copy and never a second run. A 5xx
-// response that outgrows the buffer releases the key as usual. Keep
-// WithMaxResponse at most the Client's idem.WithMaxResultSize (both 1 MiB
-// by default): a stored response over the Client's limit ends the same way.
-// Hijack is not supported behind the middleware (it returns an error
+// response that outgrows the buffer releases the key as usual.
+// WithMaxResponse follows the Client's idem.WithMaxResultSize (both 1 MiB
+// by default), and New refuses one above it, which the Client would
+// refuse after the handler ran. Hijack is not supported behind the middleware (it returns an error
 // wrapping http.ErrNotSupported): what a hijacked connection carries cannot
 // be stored.
 //
@@ -109,11 +111,26 @@
 // is namespaced by the principal that WithScope returns, so one user's key
 // can never replay another user's response: the key given to
 // idem.Client.Do (and seen in idem.Attempt.Key) is the scope's length in
-// decimal, ':', the scope and the key, so no two (scope, key) pairs share
-// one. The Client's idem.WithMaxKeyLen must leave room for the scope and
-// its length; a key that does not fit gets 400. Without WithScope, keys
-// are global: anyone who sends a key with the same request gets its
-// response; New logs that once.
+// decimal, ':', the scope and the key (ScopedKey), so no two (scope, key)
+// pairs share one; idemctl -scope PRINCIPAL reads its record. The Client's
+// idem.WithMaxKeyLen must leave room for the scope and its length: New
+// checks WithMaxKeyLen against it, and a key that does not fit with its
+// scope gets 400. Without WithScope, keys are global: anyone who sends a
+// key with the same request gets its response; New logs that once. A
+// scope function that finds no credentials answers 401 with a challenge
+// (WWW-Authenticate) by returning Unauthenticated.
+//
+// # Waiting, and 409
+//
+// A request whose key's first request is still running waits for its
+// outcome, woken the moment it is stored, for as long as the Client's
+// idem.WithWait allows (10 seconds by default) and the request's context
+// lasts; then it gets 409 ProblemInProgress with Retry-After
+// (WithRetryAfter). A client that retries sooner than the handler takes
+// sees 409s, never a second run. To answer sooner, give the middleware a
+// Client of its own with a shorter wait, idem.New(rdb,
+// idem.WithWait(2*time.Second)), or bound the request (a server's
+// WriteTimeout ends its context); WithWait(0) answers 409 at once.
 //
 // # Logs
 //
@@ -175,8 +192,8 @@ type config struct {
 	scope       func(*http.Request) (string, error)
 	fingerprint func(*http.Request, []byte) (string, error)
 	maxBody     int64
-	maxKeyLen   int
-	maxResponse int
+	maxKeyLen   int // 0 until set: then the Client's limit decides (see New)
+	maxResponse int // likewise
 	retryAfter  time.Duration
 	logger      *slog.Logger
 	keep        map[string]bool // per-user headers stored all the same (WithKeepHeaders)
@@ -228,12 +245,15 @@ func WithRequired() Option {
 
 // WithScope sets the function that names the principal a request acts for
 // (a user or an API client, as authenticated), which namespaces its key: a
-// key sent by one principal never replays another's response. It runs
-// after the key is read and before the body is. If it returns an error, the
-// request gets 401 (ProblemScope), or the status the error gives through a
-// method StatusCode() int (found with errors.As) when that is between 400
-// and 599; the error's message is the problem's detail. An empty scope is
-// allowed: it is the scope of requests without WithScope.
+// key sent by one principal never replays another's response (ScopedKey
+// gives the key stored). It runs after the key is read and before the body
+// is. If it returns an error, the request gets 401 (ProblemScope), or the
+// status the error gives through a method StatusCode() int (found with
+// errors.As) when that is between 400 and 599, with the header
+// WWW-Authenticate when the error gives a challenge through a method
+// WWWAuthenticate() string (Unauthenticated makes such an error); the
+// error's message is the problem's detail. An empty scope is allowed: it
+// is the scope of requests without WithScope.
 // The default scope is "" for every request.
 func WithScope(scope func(*http.Request) (string, error)) Option {
 	return func(c *config) {
@@ -277,8 +297,10 @@ func WithMaxBody(n int64) Option {
 
 // WithMaxKeyLen sets the longest key, in bytes (after the quotes of a
 // structured-field string are removed); a longer one gets 400. It must be
-// between 1 and 65536.
-// The default is 255.
+// between 1 and 65536, and leave room in the Client's idem.WithMaxKeyLen
+// for the scope's length prefix ("0:" without a scope): New panics
+// otherwise. A key that fits but is too long with its scope gets 400 too.
+// The default is 255, or the Client's limit less 2 when that is smaller.
 func WithMaxKeyLen(n int) Option {
 	return func(c *config) {
 		if n < 1 || n > 1<<16 {
@@ -292,9 +314,10 @@ func WithMaxKeyLen(n int) Option {
 // WithMaxResponse sets the largest response, in bytes of its stored form
 // (the body, the headers and a few bytes more), that is buffered and
 // stored; a larger one is sent as it is written and not stored (see the
-// package documentation). Keep it at most the Client's
-// idem.WithMaxResultSize. It must be positive.
-// The default is 1 MiB.
+// package documentation). It must be positive and at most the Client's
+// idem.WithMaxResultSize, which would refuse a larger one after the
+// handler ran: New panics otherwise.
+// The default is 1 MiB, or the Client's limit when that is smaller.
 func WithMaxResponse(n int) Option {
 	return func(c *config) {
 		if n < 1 {
@@ -369,8 +392,6 @@ func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
 		fingerprint: DefaultFingerprint,
 		maxBody:     1 << 20,
-		maxKeyLen:   255,
-		maxResponse: 1 << 20,
 		retryAfter:  time.Second,
 		logger:      slog.New(slogdefault.Handler{}),
 	}
@@ -379,6 +400,9 @@ func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 	}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if c != nil {
+		cfg.fitLimits(c)
 	}
 	if len(cfg.problems) > 0 {
 		panic(fmt.Sprintf("httpidem: invalid options: %s", strings.Join(cfg.problems, "; ")))
@@ -401,6 +425,31 @@ func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 			panic("httpidem: nil handler")
 		}
 		return &middleware{c: c, cfg: cfg, next: next, private: private}
+	}
+}
+
+// fitLimits sets the key and response limits not given from the Client's,
+// and checks those given against them: a limit set twice must agree, or
+// the first key or response between the two would fail after it was
+// accepted.
+func (cfg *config) fitLimits(c *idem.Client) {
+	const scopePrefix = len("0:") // the length prefix of the empty scope (ScopedKey)
+	keyRoom, results := c.MaxKeyLen()-scopePrefix, c.MaxResultSize()
+	switch {
+	case keyRoom < 1:
+		cfg.problem("the Client's WithMaxKeyLen(%d) leaves no room for a key after its scope's length prefix", c.MaxKeyLen())
+	case cfg.maxKeyLen == 0:
+		cfg.maxKeyLen = min(255, keyRoom)
+	case cfg.maxKeyLen > keyRoom:
+		cfg.problem("WithMaxKeyLen(%d) does not fit the Client's WithMaxKeyLen(%d) with the scope's length prefix (\"0:\" and longer): "+
+			"keys near the limit would get 400; use at most %d, less the longest scope, or raise the Client's", cfg.maxKeyLen, c.MaxKeyLen(), keyRoom)
+	}
+	switch {
+	case cfg.maxResponse == 0:
+		cfg.maxResponse = min(1<<20, results)
+	case cfg.maxResponse > results:
+		cfg.problem("WithMaxResponse(%d) is larger than the Client's WithMaxResultSize(%d): a response between the two would be sent, "+
+			"then refused by the Client, and its retries would get 500; lower it, or raise the Client's", cfg.maxResponse, results)
 	}
 }
 
@@ -439,6 +488,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var scope string
 	if m.cfg.scope != nil {
 		if scope, err = m.cfg.scope(r); err != nil {
+			var ch interface{ WWWAuthenticate() string }
+			if errors.As(err, &ch) && ch.WWWAuthenticate() != "" {
+				w.Header().Set("WWW-Authenticate", ch.WWWAuthenticate())
+			}
 			m.fail(w, ProblemScope, statusOf(err, http.StatusUnauthorized), err.Error())
 			return
 		}
@@ -465,7 +518,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// rec is set when fn runs: this request's handler ran, so its response
 	// is the original, not a replay.
 	var rec *recorder
-	key = scopedKey(scope, key)
+	key = ScopedKey(scope, key)
 	res, err := m.c.Do(r.Context(), key, fp, func(ctx context.Context) ([]byte, error) {
 		rec = newRecorder(w, m.cfg.maxResponse, m.private)
 		m.next.ServeHTTP(rec, r.WithContext(ctx))
@@ -581,10 +634,36 @@ func statusOf(err error, def int) int {
 	return def
 }
 
-// scopedKey returns the key that idem stores: the scope's length, ':', the
-// scope and the key. The length says where the scope ends, so no two
-// (scope, key) pairs give one key.
-func scopedKey(scope, key string) string {
+// Unauthenticated returns an error for a WithScope function to return
+// when a request carries no valid credentials: the request gets 401
+// (ProblemScope) with the header WWW-Authenticate set to challenge (such
+// as `Bearer realm="api"`), as RFC 9110 asks of a 401, and err's message
+// as the problem's detail. err may be nil.
+func Unauthenticated(challenge string, err error) error {
+	if err == nil {
+		err = errors.New("the request has no valid credentials")
+	}
+	return &authError{challenge: challenge, err: err}
+}
+
+// authError is the error Unauthenticated returns.
+type authError struct {
+	challenge string
+	err       error
+}
+
+func (e *authError) Error() string           { return e.err.Error() }
+func (e *authError) Unwrap() error           { return e.err }
+func (e *authError) StatusCode() int         { return http.StatusUnauthorized }
+func (e *authError) WWWAuthenticate() string { return e.challenge }
+
+// ScopedKey returns the key under which the middleware stores the request
+// of principal scope (what WithScope returned; "" without WithScope) with
+// the Idempotency-Key key: the key its idem.Client sees (idem.Attempt.Key),
+// to pass to idem.Client.Status and Forget, as idemctl -scope does. It is
+// the scope's length in decimal, ':', the scope and the key: the length
+// says where the scope ends, so no two (scope, key) pairs share one.
+func ScopedKey(scope, key string) string {
 	return strconv.Itoa(len(scope)) + ":" + scope + key
 }
 

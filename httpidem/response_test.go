@@ -109,7 +109,7 @@ func TestScopedKeyIsUnambiguous(t *testing.T) {
 	parts := []string{"", "a", "b", "ab", "1", "1:", ":", "a:b", "0", "0:", "10:", "2:ab"}
 	for _, scope := range parts {
 		for _, key := range parts[1:] { // keys are never empty
-			k := scopedKey(scope, key)
+			k := ScopedKey(scope, key)
 			if other, ok := seen[k]; ok {
 				t.Errorf("scope %q + key %q and scope %q + key %q both give %q", scope, key, other[0], other[1], k)
 			}

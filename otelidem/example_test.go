@@ -25,7 +25,7 @@ import (
 // Idem's metrics, scraped by Prometheus through OpenTelemetry's Prometheus
 // exporter: a service serves /metrics, and the counters by outcome and the
 // histograms appear as idem_calls_total, idem_call_duration_seconds and
-// so on.
+// so on. Every outcome's counter is there from the start, at zero.
 func Example_prometheus() {
 	// The exporter is a metric reader that registers with a Prometheus
 	// registry (the default one with no WithRegisterer).
@@ -70,7 +70,14 @@ func Example_prometheus() {
 	// idem_call_duration_seconds_count{idem_outcome="executed"} 1
 	// idem_call_duration_seconds_count{idem_outcome="replayed"} 2
 	// idem_calls_total{idem_outcome="conflict"} 1
+	// idem_calls_total{idem_outcome="error"} 0
 	// idem_calls_total{idem_outcome="executed"} 1
+	// idem_calls_total{idem_outcome="failed"} 0
+	// idem_calls_total{idem_outcome="in_progress"} 0
+	// idem_calls_total{idem_outcome="late_retry"} 0
+	// idem_calls_total{idem_outcome="lease_lost"} 0
+	// idem_calls_total{idem_outcome="not_recorded"} 0
+	// idem_calls_total{idem_outcome="released"} 0
 	// idem_calls_total{idem_outcome="replayed"} 2
 }
 

@@ -10,7 +10,11 @@
 //
 // Metrics (names as OpenTelemetry has them; the Prometheus exporter turns
 // dots into underscores and adds _total and units, as in
-// idem_calls_total):
+// idem_calls_total). The counters' series exist from New on, at zero (one
+// per outcome for idem.calls), so that alerts on increase() and rate()
+// see a process's first lease loss; create the Observer once the
+// MeterProvider is set up. README.md beside this file has the alert rules
+// and a dashboard, checked by a test against Prometheus's own engine.
 //
 //	idem.calls           counter    calls, by idem.outcome (executed, replayed, conflict,
 //	                                lease_lost, released, failed, not_recorded, in_progress, error)
@@ -23,6 +27,14 @@
 //	                                how late retries come (see below)
 //	idem.late_retries    counter    calls refused as late retries (idem.ErrLateRetry):
 //	                                the outcome's retention had ended, its tombstone was left
+//
+// Traces: a span "idem.Do" per call, started before the claim, so that
+// what fn does nests under it, and ended with the attributes idem.outcome,
+// idem.attempt and idem.key.digest (the keyed digest of idem.Event.Key,
+// never the key itself), with events for a wait (idem.waited) and a
+// takeover (idem.took_over). A call whose Do returned an error has the
+// status Error, described by its outcome only: idem's error messages quote
+// keys.
 //
 // # Is the retention long enough?
 //
@@ -40,18 +52,10 @@
 // when the call read the record from Redis: one that shared a concurrent
 // call's outcome, or woke to the owner's notification, records no age.
 // The buckets (WithAgeBuckets) run from a second to 30 days by default.
-//
-// idem.late_retries is exported at zero from New on, so that a rule on it
-// has a series to read before the first late retry; a histogram has no
-// series until its first measurement (OpenTelemetry exports no empty
-// histogram).
-// Traces: a span "idem.Do" per call, started before the claim, so that
-// what fn does nests under it, and ended with the attributes idem.outcome,
-// idem.attempt and idem.key.digest (the keyed digest of idem.Event.Key,
-// never the key itself), with events for a wait (idem.waited) and a
-// takeover (idem.took_over). A call whose Do returned an error has the
-// status Error, described by its outcome only: idem's error messages quote
-// keys.
+// Like every counter, idem.late_retries is at zero from New on;
+// idem.replay.age has no series until the first replay (OpenTelemetry
+// exports no empty histogram). README.md has the alert and the queries;
+// docs/retention.md in the repository tells how to read them.
 package otelidem
 
 import (
@@ -201,11 +205,21 @@ func New(opts ...Option) (*Observer, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A series at zero from the start, for alerts on its increase.
-	o.lateRetries.Add(context.Background(), 0)
 	for k := idem.EventKind(1); k.Outcome() || k == idem.EventWaited || k == idem.EventTookOver; k++ {
 		o.byOutcome[k] = metric.WithAttributeSet(attribute.NewSet(AttrOutcome.String(k.String())))
 	}
+	// Every counter's series exists from the start, at zero: an alert on
+	// increase() or rate() sees the first event of a process as an
+	// increase, not as a series that appears with its value already 1.
+	ctx := context.Background()
+	for k, by := range o.byOutcome {
+		if k.Outcome() {
+			o.calls.Add(ctx, 0, by)
+		}
+	}
+	o.takeovers.Add(ctx, 0)
+	o.leaseLosses.Add(ctx, 0)
+	o.lateRetries.Add(ctx, 0)
 	return o, nil
 }
 

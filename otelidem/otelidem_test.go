@@ -122,9 +122,15 @@ func TestMetricsAndSpans(t *testing.T) {
 	}
 
 	sums, hists := collect(t, reader)
-	wantSums := map[string]int64{
-		"idem.calls/executed": 2, "idem.calls/replayed": 2, "idem.calls/conflict": 1, "idem.calls/released": 1,
-		"idem.takeovers/": 1, "idem.late_retries/": 0,
+	// Every counter's series exists, at zero where nothing happened.
+	wantSums := map[string]int64{"idem.takeovers/": 1, "idem.lease_losses/": 0, "idem.late_retries/": 0}
+	for k := idem.EventKind(1); k.Outcome() || k == idem.EventWaited || k == idem.EventTookOver; k++ {
+		if k.Outcome() {
+			wantSums["idem.calls/"+k.String()] = 0
+		}
+	}
+	for k, v := range map[string]int64{"executed": 2, "replayed": 2, "conflict": 1, "released": 1} {
+		wantSums["idem.calls/"+k] = v
 	}
 	for k, v := range wantSums {
 		if sums[k] != v {

@@ -1,21 +1,26 @@
 // Command idemctl lets an operator see and mend the idempotency records
 // that github.com/idem-go/idem keeps in Redis.
 //
-//	idemctl [flags] status KEY   the state of one key's record
-//	idemctl [flags] forget KEY   delete one key's record (with -yes)
-//	idemctl [flags] stats        every record under the prefix: states, attempts, sizes, TTLs
-//	idemctl [flags] check        whether Redis can keep idem's promises (idem's Client.Check)
+//	idemctl status KEY [flags]   the state of one key's record
+//	idemctl forget KEY -yes      delete one key's record
+//	idemctl stats [flags]        every record under the prefix: states, attempts, sizes, TTLs
+//	idemctl check [flags]        whether Redis can keep idem's promises (idem's Client.Check)
 //
-// It talks to the Redis at -redis, an address (host:port) or a redis:// or
-// rediss:// URL; with -cluster, to a Redis Cluster through any of its nodes
-// (a comma-separated list of addresses, or a URL). Output is for people;
-// -json prints one JSON object instead, for scripts.
+// Flags go before or after the command and its key; -- ends them, for a
+// key that starts with '-'. It talks to the Redis at -redis, an address
+// (host:port) or a redis:// or rediss:// URL; with -cluster, to a Redis
+// Cluster through any of its nodes (a comma-separated list of addresses,
+// or a URL). -scope PRINCIPAL names the key of an HTTP request that
+// httpidem stored for that principal (httpidem.ScopedKey). Output is for
+// people; -json prints one JSON object instead, for scripts.
 //
 // Exit status: 0 when the command did its job (status found the record in
 // whatever state, or none; check found no problem); 1 when it failed (Redis
 // unreachable or failing, a record it cannot read, problems found by
-// check); 2 for bad usage (an unknown command or flag, a missing or extra
-// argument, a malformed -redis, forget without -yes).
+// check, or a key with no record while records of it exist under another
+// scope or prefix: the output names them); 2 for bad usage (an unknown
+// command or flag, a missing or extra argument, a malformed -redis, forget
+// without -yes). README.md beside this file shows it at work.
 package main
 
 import (
@@ -32,6 +37,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/httpidem"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -42,7 +48,7 @@ const (
 	exitUsage   = 2
 )
 
-const usageText = `Usage: idemctl [flags] COMMAND [KEY]
+const usageText = `Usage: idemctl COMMAND [KEY] [flags]
 
 idemctl shows an operator what idem (github.com/idem-go/idem) keeps in
 Redis, and mends it: the state of one key's record (its attempt, when its
@@ -53,7 +59,9 @@ keep idem's promises, and, as a last resort, deleting one key's record.
 
 Commands:
   status KEY   the state of KEY's record; an in-progress record whose lease
-               ended belongs to an owner that is gone: the next call takes over
+               ended belongs to an owner that is gone: the next call takes over;
+               with no record, records of KEY under another httpidem scope or
+               prefix are named (exit 1)
   forget KEY   delete KEY's record (needs -yes): the next call with KEY runs
                its operation again, as attempt 1
   stats        scan every record under the prefix (SCAN, read-only): records
@@ -66,8 +74,14 @@ Commands:
                problems, each with what to change, and notes on persistence
                and replication
 
+Flags go before or after the command and its key (idemctl forget KEY -yes);
+-- ends them, for a key that starts with '-'. An HTTP request's record is
+stored under its principal's scope (httpidem.ScopedKey): name the principal
+with -scope (-scope '' without httpidem.WithScope).
+
 Exit status: 0 done (check: no problems); 1 failed (Redis unreachable or
-failing, a record that cannot be read, problems found by check); 2 bad
+failing, a record that cannot be read, problems found by check, no record
+of KEY while records of it exist under another scope or prefix); 2 bad
 usage (unknown command or flag, missing or extra argument, malformed
 -redis, forget without -yes).
 
@@ -78,6 +92,7 @@ type options struct {
 	redis   string
 	cluster bool
 	prefix  string
+	scope   *string // -scope: the key is an HTTP request's of this principal; nil without
 	json    bool
 	yes     bool
 	timeout time.Duration
@@ -124,6 +139,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.redis, "redis", "localhost:6379", "Redis `address` (host:port) or URL (redis://[user:password@]host:port[/db], rediss:// for TLS); with -cluster, addresses separated by commas")
 	fs.BoolVar(&o.cluster, "cluster", false, "talk to a Redis Cluster: stats and check visit every master")
 	fs.StringVar(&o.prefix, "prefix", "idem", "the `prefix` of idem's records (idem.WithPrefix)")
+	scope := fs.String("scope", "", "status, forget: KEY is an HTTP Idempotency-Key that httpidem stored for this `principal` (what WithScope returned; '' without WithScope)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
 	fs.BoolVar(&o.yes, "yes", false, "confirm forget")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up status, forget and check after this `duration` (stats runs until done or interrupted)")
@@ -131,13 +147,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.sample, "sample", 10000, "stats: about how many records to measure with MEMORY USAGE")
 	fs.IntVar(&o.batch, "batch", 1000, "stats: keys asked of SCAN at a time (its COUNT), and read in one pipeline")
 	fs.DurationVar(&o.retention, "retention", 0, "stats: the Clients' retention (idem.WithRetention), for the records' ages; 0: the longest TTL left of a finished record")
-	if err := fs.Parse(args); err != nil {
+	pos, err := parseArgs(fs, args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage // the flag package said what was wrong
 	}
-	err := dispatch(ctx, o, fs.Args(), stdout, stderr)
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "scope" {
+			o.scope = scope
+		}
+	})
+	err = dispatch(ctx, o, pos, stdout, stderr)
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -148,6 +170,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintf(stderr, "idemctl: %v\n", err)
 		return exitFailure
+	}
+}
+
+// parseArgs parses args with fs, flags before, between and after the
+// positional arguments, and returns those in order. "--" ends the flags:
+// what follows it is positional (a key that starts with '-').
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
 }
 
@@ -171,8 +214,10 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return usagef("%s takes no arguments, got %q", cmd, args)
 	case wantKey && args[0] == "":
 		return usagef("%s: the KEY is empty", cmd)
+	case !wantKey && o.scope != nil:
+		return usagef("-scope names the key of status and forget; %s takes no key", cmd)
 	case cmd == "forget" && !o.yes:
-		return usagef("forget deletes the record of %q: the next call with the key runs its operation again; add -yes to confirm", args[0])
+		return usagef("forget deletes the record of %q: the next call with the key runs its operation again; add -yes to confirm (idemctl forget KEY -yes)", args[0])
 	case o.prefix == "" || strings.ContainsAny(o.prefix, "{}"):
 		return usagef("-prefix %q: must be non-empty and without '{' or '}'", o.prefix)
 	case o.top < 0 || o.sample < 0 || o.batch < 1:
@@ -243,11 +288,22 @@ func client(o options, rdb redis.UniversalClient) *idem.Client {
 	return idem.New(rdb, idem.WithPrefix(o.prefix), idem.WithMaxKeyLen(1<<16), idem.WithLogger(nil))
 }
 
+// key returns the key that idem stores for arg, the KEY argument: with
+// -scope, the key httpidem gives idem for that principal's request.
+func (o options) key(arg string) string {
+	if o.scope == nil {
+		return arg
+	}
+	return httpidem.ScopedKey(*o.scope, arg)
+}
+
 // recordKey is the Redis key of key's record (as idem builds it).
 func recordKey(prefix, key string) string {
-	r := strings.NewReplacer(`\`, `\\`, `}`, `\c`)
-	return prefix + ":{" + r.Replace(key) + "}"
+	return prefix + ":{" + tagEscaper.Replace(key) + "}"
 }
+
+// tagEscaper escapes a key inside the hash tag of its record, as idem does.
+var tagEscaper = strings.NewReplacer(`\`, `\\`, `}`, `\c`)
 
 // printer writes the output: text, or one JSON object.
 type printer struct {
@@ -272,32 +328,46 @@ func (p *printer) object(v any) error {
 
 // statusJSON is a record's state in -json output.
 type statusJSON struct {
-	Key       string     `json:"key"`
-	Record    string     `json:"record"`
-	State     string     `json:"state"`
-	Attempt   int64      `json:"attempt"`
-	LeaseEnds *time.Time `json:"lease_ends,omitempty"`
-	LeaseLive bool       `json:"lease_live"`
-	Expires   *time.Time `json:"expires,omitempty"`
+	Key       string      `json:"key"`             // as idem stores it
+	Scope     *string     `json:"scope,omitempty"` // -scope
+	Record    string      `json:"record"`
+	State     string      `json:"state"`
+	Attempt   int64       `json:"attempt"`
+	LeaseEnds *time.Time  `json:"lease_ends,omitempty"`
+	LeaseLive bool        `json:"lease_live"`
+	Expires   *time.Time  `json:"expires,omitempty"`
+	Elsewhere []elsewhere `json:"elsewhere,omitempty"` // records of the KEY under other scopes or prefixes, when it has none
 }
 
-func status(ctx context.Context, o options, rdb redis.UniversalClient, key string, out *printer) error {
+// status reports the record of arg, the KEY argument; when there is none,
+// it looks for records of arg under other scopes and prefixes.
+func status(ctx context.Context, o options, rdb redis.UniversalClient, arg string, out *printer) error {
 	c := client(o, rdb)
 	defer c.Close()
+	key := o.key(arg)
 	st, err := c.Status(ctx, key)
 	if err != nil {
 		return err
 	}
 	j := describe(o, key, st)
-	if out.json {
-		return out.object(j)
+	var partial bool
+	if st.State == idem.StateAbsent {
+		if j.Elsewhere, partial, err = findElsewhere(ctx, o, rdb, "status", arg); err != nil {
+			return err
+		}
 	}
-	printStatus(out, j, st)
-	return nil
+	if out.json {
+		if err := out.object(j); err != nil {
+			return err
+		}
+	} else {
+		printStatus(out, j, st)
+	}
+	return reportElsewhere(out, arg, j.Elsewhere, partial)
 }
 
 func describe(o options, key string, st idem.Status) statusJSON {
-	j := statusJSON{Key: key, Record: recordKey(o.prefix, key), State: st.State.String(), Attempt: st.Attempt}
+	j := statusJSON{Key: key, Scope: o.scope, Record: recordKey(o.prefix, key), State: st.State.String(), Attempt: st.Attempt}
 	if !st.LeaseEnds.IsZero() {
 		t := st.LeaseEnds.UTC()
 		j.LeaseEnds = &t
@@ -312,6 +382,9 @@ func describe(o options, key string, st idem.Status) statusJSON {
 
 func printStatus(out *printer, j statusJSON, st idem.Status) {
 	out.printf("key:      %q (record %s)\n", j.Key, j.Record)
+	if j.Scope != nil {
+		out.printf("scope:    %q (an HTTP request's key, as httpidem stores it for that principal)\n", *j.Scope)
+	}
 	out.printf("state:    %s\n", j.State)
 	if st.State == idem.StateAbsent {
 		out.printf("          no record: the next call runs the operation as attempt 1\n")
@@ -336,16 +409,26 @@ func printStatus(out *printer, j statusJSON, st idem.Status) {
 	}
 }
 
-func forget(ctx context.Context, o options, rdb redis.UniversalClient, key string, out *printer) error {
+// forget deletes the record of arg, the KEY argument; when there is none,
+// it looks for records of arg under other scopes and prefixes.
+func forget(ctx context.Context, o options, rdb redis.UniversalClient, arg string, out *printer) error {
 	c := client(o, rdb)
 	defer c.Close()
+	key := o.key(arg)
 	st, err := c.Status(ctx, key)
 	if err != nil && !errors.Is(err, idem.ErrCorrupt) {
 		return err
 	}
 	if err == nil && st.State == idem.StateAbsent {
+		found, partial, err := findElsewhere(ctx, o, rdb, "forget", arg)
+		if err != nil {
+			return err
+		}
 		out.printf("key %q has no record: nothing to forget\n", key)
-		return out.object(map[string]any{"key": key, "forgotten": false, "was": "absent"})
+		if err := out.object(map[string]any{"key": key, "forgotten": false, "was": "absent", "elsewhere": found}); err != nil {
+			return err
+		}
+		return reportElsewhere(out, arg, found, partial)
 	}
 	if err := c.Forget(ctx, key); err != nil {
 		return err

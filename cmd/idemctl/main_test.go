@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/httpidem"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -416,5 +419,131 @@ func TestParseRecord(t *testing.T) {
 		if st != tc.state || n != tc.attemptWas {
 			t.Errorf("parseRecord(%q): %s %d, want %s %d", tc.head, st, n, tc.state, tc.attemptWas)
 		}
+	}
+}
+
+// Flags go where users type them: after the command and its key too.
+func TestFlagsAfterTheCommand(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	rdb := srv.Client(t)
+	c := idem.New(rdb, idem.WithPrefix("app"))
+	defer c.Close()
+	ctx := context.Background()
+	for _, k := range []string{"order-1", "-dash"} {
+		if _, err := c.Do(ctx, k, "", func(context.Context) ([]byte, error) { return []byte("ok"), nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := srv.Addr()
+
+	r := idemctl(t, "status", "order-1", "-redis", addr, "-prefix", "app")
+	r.mustExit(t, 0)
+	if !strings.Contains(r.stdout, "state:    done") {
+		t.Fatalf("status with flags after the key:\n%s", r.stdout)
+	}
+	r = idemctl(t, "-redis", addr, "status", "-json", "order-1", "-prefix=app")
+	r.mustExit(t, 0)
+	var st statusJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.State != "done" {
+		t.Fatalf("status with flags around the key: %v\n%s", err, r.stdout)
+	}
+	r = idemctl(t, "forget", "order-1", "-redis", addr, "-prefix", "app")
+	r.mustExit(t, 2, "-yes")
+	r = idemctl(t, "forget", "order-1", "-yes", "-redis", addr, "-prefix", "app")
+	r.mustExit(t, 0)
+	if rdb.Exists(ctx, "app:{order-1}").Val() != 0 {
+		t.Fatalf("forget KEY -yes left the record:\n%s", r.stdout)
+	}
+	// -- ends the flags: a key that starts with '-'.
+	r = idemctl(t, "-redis", addr, "-prefix", "app", "status", "--", "-dash")
+	r.mustExit(t, 0)
+	if !strings.Contains(r.stdout, `"-dash"`) || !strings.Contains(r.stdout, "done") {
+		t.Fatalf("status -- -dash:\n%s", r.stdout)
+	}
+	r = idemctl(t, "-redis", addr, "status", "-dash")
+	r.mustExit(t, 2, "flag provided but not defined: -dash")
+	r = idemctl(t, "stats", "-redis", addr, "-scope", "alice")
+	r.mustExit(t, 2, "-scope")
+}
+
+// An HTTP request's record is under its principal's scope: -scope finds
+// it, and status without it names where the records of the key are.
+func TestScopeAndElsewhere(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	rdb := srv.Client(t)
+	c := idem.New(rdb)
+	defer c.Close()
+	other := idem.New(rdb, idem.WithPrefix("other"))
+	defer other.Close()
+	addr := srv.Addr()
+	post := func(h http.Handler, principal, key string) {
+		t.Helper()
+		req := httptest.NewRequest(http.MethodPost, "/debits", strings.NewReader(`{"amount":1}`))
+		req.Header.Set(httpidem.HeaderIdempotencyKey, key)
+		req.Header.Set("Authorization", principal)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("POST: %d %s", w.Code, w.Body)
+		}
+	}
+	created := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	scoped := httpidem.New(c, httpidem.WithScope(func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil }))(created)
+	post(scoped, "alice", "k-1")
+	post(scoped, "bob's", "k-1")
+	post(httpidem.New(c)(created), "", "k-2")
+	if _, err := other.Do(context.Background(), "k-1", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+
+	r := idemctl(t, "status", "k-1", "-scope", "alice", "-redis", addr)
+	r.mustExit(t, 0)
+	for _, s := range []string{`"5:alicek-1"`, "idem:{5:alicek-1}", `scope:    "alice"`, "state:    done"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Fatalf("status -scope alice does not say %q:\n%s", s, r.stdout)
+		}
+	}
+	r = idemctl(t, "status", "k-2", "-scope", "", "-redis", addr)
+	r.mustExit(t, 0)
+	if !strings.Contains(r.stdout, "state:    done") {
+		t.Fatalf("status -scope '' of a request without WithScope:\n%s", r.stdout)
+	}
+
+	// Without -scope: absent here, and the records of k-1 elsewhere named.
+	r = idemctl(t, "status", "k-1", "-redis", addr)
+	r.mustExit(t, 1, "no record of \"k-1\" here, but 3 under another scope or prefix", "-scope PRINCIPAL")
+	for _, s := range []string{"state:    absent", "idem:{5:alicek-1}", "idemctl status k-1 -scope alice",
+		`idemctl status k-1 -scope 'bob'\''s'`, "other:{k-1}", "idemctl status k-1 -prefix other"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Fatalf("status of a key stored elsewhere does not say %q:\n%s", s, r.stdout)
+		}
+	}
+	r = idemctl(t, "status", "k-1", "-redis", addr, "-json")
+	r.mustExit(t, 1)
+	var st statusJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.State != "absent" || len(st.Elsewhere) != 3 {
+		t.Fatalf("status -json of a key stored elsewhere: %v\n%s", err, r.stdout)
+	}
+	r = idemctl(t, "status", "k-2", "-redis", addr)
+	r.mustExit(t, 1, "-scope ''")
+	if !strings.Contains(r.stdout, "idemctl status k-2 -scope ''") {
+		t.Fatalf("status of a request's key stored without WithScope:\n%s", r.stdout)
+	}
+	// A key of its own: absent, and nothing to say.
+	r = idemctl(t, "status", "k-3", "-redis", addr)
+	r.mustExit(t, 0)
+	if strings.Contains(r.stdout, "scope or prefix") {
+		t.Fatalf("status of a key nowhere:\n%s", r.stdout)
+	}
+
+	r = idemctl(t, "forget", "k-1", "-yes", "-redis", addr)
+	r.mustExit(t, 1, "no record of \"k-1\" here")
+	if !strings.Contains(r.stdout, "idemctl forget k-1 -scope alice -yes") {
+		t.Fatalf("forget of a key stored elsewhere:\n%s", r.stdout)
+	}
+	r = idemctl(t, "forget", "k-1", "-yes", "-scope", "alice", "-redis", addr)
+	r.mustExit(t, 0)
+	if n := rdb.Exists(context.Background(), "idem:{5:alicek-1}").Val(); n != 0 || !strings.Contains(r.stdout, "forgot") {
+		t.Fatalf("forget -scope alice:\n%s", r.stdout)
 	}
 }

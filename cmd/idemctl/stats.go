@@ -339,7 +339,7 @@ func scanNode(ctx context.Context, o options, node *redis.Client, scanned *atomi
 		if err != nil {
 			return nil, err
 		}
-		recs, buckets, late := classify(o.prefix, keys)
+		recs, buckets, late := sortKeys(o.prefix, keys)
 		if len(recs) > 0 {
 			if err := readBatch(ctx, node, recs, t, &seen, every); err != nil {
 				return nil, err
@@ -356,12 +356,12 @@ func scanNode(ctx context.Context, o options, node *redis.Client, scanned *atomi
 	}
 }
 
-// classify sorts the keys under the prefix: records (<prefix>:{<key>}, but
+// sortKeys sorts the keys under the prefix: records (<prefix>:{<key>}, but
 // not the hashes of steps' checkpoints, <prefix>:{<key>}:steps: a record's
 // key ends with its '}'), tombstone buckets and late-retry counts
 // (<prefix>:t:{<tag>}..., see lua/tombstone.lua). Other keys are not
 // idem's.
-func classify(prefix string, keys []string) (records, buckets, late []string) {
+func sortKeys(prefix string, keys []string) (records, buckets, late []string) {
 	rec, tomb := prefix+":{", prefix+":t:{"
 	for _, k := range keys {
 		switch {

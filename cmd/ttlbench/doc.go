@@ -75,7 +75,11 @@
 // time that reads as before 1995 or after 2100 is refused (exit 2) with the
 // unit the numbers look like: seconds read as milliseconds fall in January
 // 1970. The first request with a key is the operation; later ones are
-// retries. Errors name the line. Memory is bounded while reading: the lines
+// retries. Rows without a key (an empty field, or "-", as access logs
+// write a missing header) are skipped and counted in the report; -strict
+// refuses them. Errors name the line; a first line that fails to parse
+// and holds no time is taken for a header, and the error suggests the
+// -columns to read it. Memory is bounded while reading: the lines
 // are not kept, only 96-bit hashes of the keys and 64-bit hashes of the
 // fingerprints (keytable.go), about 21 bytes a request.
 //
@@ -125,6 +129,13 @@
 // only keys with that prefix are deleted at the end.
 //
 // # Output
+//
+// The default -target, 0, admits no duplicate in the traffic replayed: the
+// answer is then its single longest retry gap, which one outlier can set,
+// and the report says so. It stays the default because a duplicate is a
+// side effect run twice, and 0 needs no judgement of what that costs; a
+// rate such as 0.0001 lets rare outliers go. README.md beside this file
+// shows runs on the traces in testdata.
 //
 // A table (or, with -json, one JSON object per retention per line, then a
 // summary object), and with -svg FILE a chart for a design review: the

@@ -79,6 +79,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.trace, "trace", "", "replay recorded requests from `FILE` (CSV key,time[,fingerprint[,duration]], gzip or not; - for stdin) instead of the model")
 	fs.StringVar(&cfg.columns, "columns", "", "the trace starts with a header: read the columns it `names`, as key=NAME,time=NAME[,fingerprint=NAME][,duration=NAME]")
 	fs.StringVar(&cfg.timeUnit, "time-unit", cfg.timeUnit, "`unit` of the trace's numeric (Unix) times: s, ms, us or ns; RFC 3339 times need none")
+	fs.BoolVar(&cfg.format.Strict, "strict", false, "refuse a trace with a row without a key (empty, or -), instead of skipping and counting such rows")
 
 	o := &cfg.opts
 	fs.Var(policiesValue{&o.Policies}, "policies", "`retentions` to compare, comma-separated (units ms, s, m, h, d)")
@@ -88,7 +89,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&o.Redis, "redis", "", "run against the Redis at `ADDR` (host:port or redis://...) instead of miniredis; implies -engine real")
 	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "with -redis, run time `N` times faster than the traffic's")
 
-	fs.Float64Var(&cfg.target, "target", 0, "highest acceptable duplicate `rate` (duplicates per operation) for the recommendation")
+	fs.Float64Var(&cfg.target, "target", 0, "highest acceptable duplicate `rate` (duplicates per operation) for the recommendation; 0: no duplicate in the traffic, which its single longest retry gap decides")
 	fs.IntVar(&cfg.resamples, "bootstrap", cfg.resamples, "`resamples` of the keys for the 95% intervals (0: none)")
 	fs.BoolVar(&cfg.json, "json", false, "print one JSON object per retention per line, then a summary, instead of the table")
 	fs.StringVar(&cfg.svg, "svg", "", "also write a chart of the trade-off to `FILE` (SVG)")
@@ -103,7 +104,7 @@ var workloadFlags = []string{"ops", "rate", "timeout-share", "retries", "retry-b
 	"retry-jitter", "retry-cap", "late-share", "late-median", "late-p99", "op-time", "seed"}
 
 // traceFlags apply to a trace only.
-var traceFlags = []string{"columns", "time-unit"}
+var traceFlags = []string{"columns", "time-unit", "strict"}
 
 // parseFlags parses and checks the command line. It returns flag.ErrHelp
 // for -h and -help.

@@ -189,8 +189,15 @@ parameters (a key reused with another gets ErrConflict); duration is how
 long fn ran (250ms, 1.5s, or a number of milliseconds). The first request
 with a key is the operation, later ones its retries. Lines starting with #
 and blank lines are skipped; a field with a comma or a quote is quoted.
-Errors name the line. Only hashes of keys and fingerprints are kept, about
-21 bytes a request.
+Rows without a key (an empty field, or -) are skipped and counted in the
+report; -strict refuses them. Errors name the line, and a header that
+fails to parse gets the -columns to name. Only hashes of keys and
+fingerprints are kept, about 21 bytes a request.
+
+The target: -target 0, the default, admits no duplicate in the traffic,
+so its single longest retry gap sets the answer (the report says which);
+a rate such as 0.0001 (one duplicate in 10,000 operations) lets rare
+outliers go.
 
 Peak bytes: with miniredis and the fast engine, the key name and value of
 every live record, summed: the data, without Redis's own overhead. A

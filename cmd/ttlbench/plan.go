@@ -55,6 +55,10 @@ type Plan struct {
 	Start time.Time
 	// Source describes where the traffic came from, for titles.
 	Source string
+	// Keyless counts a trace's rows without a key, skipped; KeylessLines
+	// holds the first few of their line numbers.
+	Keyless      int
+	KeylessLines []int
 }
 
 // Len returns the number of requests.

@@ -72,6 +72,10 @@ type Report struct {
 	Ops int
 	// Floor is the shortest retention searched: the lease.
 	Floor time.Duration
+	// Keyless counts the trace's rows without a key, skipped;
+	// KeylessLines holds the first few of their line numbers.
+	Keyless      int
+	KeylessLines []int
 	// TwoTier is set with -tombstones; Pairs is then their study, nil when
 	// no retention was searched (see pairs.go).
 	TwoTier bool
@@ -102,6 +106,9 @@ func NewReport(plan *Plan, a *analysis, results []Result, grid []time.Duration, 
 		Ops:      plan.Ops(),
 		Floor:    opts.Lease,
 		TwoTier:  cfg.tombstones,
+
+		Keyless:      plan.Keyless,
+		KeylessLines: plan.KeylessLines,
 	}
 	later := plan.Len() - plan.Ops()
 	r.Traffic = fmt.Sprintf("%s of traffic: %d requests for %d operations", roughDuration(plan.Span()), plan.Len(), plan.Ops())
@@ -169,6 +176,10 @@ func (r *Report) interval(i int) string {
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "workload: %s\n", r.Workload)
+	if r.Keyless > 0 {
+		fmt.Fprintf(&b, "skipped: %d rows without a key (lines %s); -strict refuses a trace with any\n",
+			r.Keyless, lineList(r.KeylessLines, r.Keyless))
+	}
 	fmt.Fprintf(&b, "replayed %s\n", r.Traffic)
 	fmt.Fprintf(&b, "setup: %s\n", r.Setup)
 	if line := r.gapLine(); line != "" {
@@ -317,7 +328,26 @@ func (r *Report) verdict() string {
 		fmt.Fprintf(&b, "  95%% interval of the retention, from %d bootstrap resamples of the keys: %s–%s\n",
 			r.Resamples, shortDuration(r.RetentionInterval[0]), shortDuration(r.RetentionInterval[1]))
 	}
+	if r.Target == 0 && r.Gaps.N > 0 && res.Duplicates == 0 {
+		// The smallest round rate that this many operations can show.
+		t := 0.00001
+		for t < 0.1 && float64(r.Ops) < 3/t {
+			t *= 10
+		}
+		fmt.Fprintf(&b, "  -target 0 (the default) admits no duplicate in this traffic, so its single longest retry gap (%s)\n"+
+			"  sets the answer; a target such as -target %s (1 duplicate in %s operations) lets such outliers go\n",
+			roughDuration(r.Gaps.Max), strconv.FormatFloat(t, 'f', -1, 64), thousands(int64(math.Round(1/t))))
+	}
 	return b.String()
+}
+
+// thousands formats n with commas between groups of three digits.
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 // nearestGrid returns the grid's results just below and just above result
@@ -381,6 +411,7 @@ type jsonSummary struct {
 		RetentionHighMS *int64           `json:"retention_high_ms,omitempty"`
 		Resamples       int              `json:"resamples"`
 		Gaps            jsonGaps         `json:"gaps"`
+		SkippedKeyless  int              `json:"skipped_keyless"`
 		Pairs           *jsonPairSummary `json:"pairs,omitempty"`
 	} `json:"summary"`
 }
@@ -436,7 +467,7 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	if r.Pairs != nil {
 		m.Pairs = r.Pairs.summary()
 	}
-	m.Target, m.Operations, m.TooSmall, m.Resamples = r.Target, r.Ops, r.TooSmall, r.Resamples
+	m.Target, m.Operations, m.TooSmall, m.Resamples, m.SkippedKeyless = r.Target, r.Ops, r.TooSmall, r.Resamples, r.Keyless
 	if i := r.recommended(); i >= 0 {
 		m.Recommended = shortDuration(r.Results[i].Retention)
 		m.RecommendedMS = r.Results[i].Retention.Milliseconds()

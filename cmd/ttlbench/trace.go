@@ -28,6 +28,10 @@ const maxKeyLen = 512
 // maxLine is the longest line a trace may have.
 const maxLine = 1 << 20
 
+// maxKeylessLines is how many line numbers of rows without a key a Plan
+// keeps, for the report.
+const maxKeylessLines = 5
+
 // A TraceError is a line of a trace that cannot be read.
 type TraceError struct {
 	Line int // from 1; 0 when the error is not about one line
@@ -66,6 +70,15 @@ var headerNames = [nCols][]string{
 	{"duration", "duration_ms"},
 }
 
+// headerHints are parts of the column names that a header may use for
+// each role, for a suggestion of -columns.
+var headerHints = [nCols][]string{
+	{"key"},
+	{"time", "_at", "date"},
+	{"fingerprint", "sha", "hash", "digest"},
+	{"duration", "latency", "elapsed"},
+}
+
 // A TraceFormat says how to read a trace.
 type TraceFormat struct {
 	// Columns maps roles (key, time, fingerprint, duration) to the names
@@ -81,6 +94,10 @@ type TraceFormat struct {
 	// KeepKeys keeps each operation's key in the Plan (the real engine
 	// needs them; the fast engine only their length).
 	KeepKeys bool
+	// Strict refuses a row without a key (an empty key field, or "-", as
+	// access logs write a missing header); without it such rows are
+	// skipped and counted in the Plan (Keyless).
+	Strict bool
 	// Progress, when not nil, counts the bytes read from the source.
 	Progress *atomic.Int64
 	// SizeHint, when not 0, is about how many bytes the trace holds,
@@ -243,7 +260,7 @@ func ReadTrace(ctx context.Context, r io.Reader, f TraceFormat) (*Plan, error) {
 		}
 		if len(b) > 0 {
 			if perr := rd.line(line, b); perr != nil {
-				return nil, perr
+				return nil, rd.headerHint(line, perr)
 			}
 			rd.read += int64(len(b))
 			if line == 1<<12 && f.SizeHint > 0 && len(rd.p.At) > 0 {
@@ -385,8 +402,10 @@ type traceReader struct {
 	seeds [3]maphash.Seed // key hash (two), fingerprint hash
 	p     *Plan
 
-	read             int64 // bytes of the lines read
-	minAt, maxAt     int64 // Unix ns
+	read             int64    // bytes of the lines read
+	firstLine        int      // the first data line, when it was not read as a header
+	firstFields      []string // its fields
+	minAt, maxAt     int64    // Unix ns
 	minLine, maxLine int
 	first            bool // a data line was read
 }
@@ -415,6 +434,10 @@ func (rd *traceReader) line(n int, b []byte) error {
 		if rd.header || strings.EqualFold(string(bytes.TrimSpace(fields[0])), "key") {
 			return rd.readHeader(n, fields)
 		}
+		rd.firstLine = n
+		for _, f := range fields {
+			rd.firstFields = append(rd.firstFields, strings.TrimSpace(string(f)))
+		}
 	}
 	want := 2
 	for _, c := range rd.cols[:colTime+1] {
@@ -434,10 +457,17 @@ func (rd *traceReader) line(n int, b []byte) error {
 	}
 
 	key := field(colKey)
-	switch {
-	case len(key) == 0:
-		return bad("empty key")
-	case len(key) > maxKeyLen:
+	if t := trimSpace(key); len(t) == 0 || string(t) == "-" {
+		if rd.f.Strict {
+			return bad("no key (%q): -strict refuses rows without one; without -strict they are skipped and counted", key)
+		}
+		rd.p.Keyless++
+		if len(rd.p.KeylessLines) < maxKeylessLines {
+			rd.p.KeylessLines = append(rd.p.KeylessLines, n)
+		}
+		return nil
+	}
+	if len(key) > maxKeyLen {
 		return bad("key of %d bytes is longer than idem's limit of %d", len(key), maxKeyLen)
 	}
 	at, err := rd.parseTime(trimSpace(field(colTime)))
@@ -492,6 +522,46 @@ func (rd *traceReader) line(n int, b []byte) error {
 		p.Dur = append(p.Dur, dur)
 	}
 	return nil
+}
+
+// headerHint adds to err, the error of line n, a suggestion of -columns
+// when n is the first data line and no header was read: a CSV whose
+// header does not start with "key" fails there.
+func (rd *traceReader) headerHint(n int, err error) error {
+	var te *TraceError
+	if rd.f.Columns != nil || rd.width != 0 || n != rd.firstLine || !errors.As(err, &te) {
+		return err
+	}
+	for _, f := range rd.firstFields {
+		if _, terr := time.Parse(time.RFC3339Nano, f); terr == nil || isUnixTime([]byte(f)) {
+			return err // a line with a time is data, not a header
+		}
+	}
+	guess := [nCols]string{}
+	for role := range nCols {
+		for _, f := range rd.firstFields {
+			l := strings.ToLower(f)
+			if slices.Contains(guess[:], f) {
+				continue
+			}
+			if slices.Contains(headerNames[role], l) || slices.ContainsFunc(headerHints[role], func(h string) bool { return strings.Contains(l, h) }) {
+				guess[role] = f
+				break
+			}
+		}
+	}
+	suggest := "-columns key=NAME,time=NAME"
+	if guess[colKey] != "" && guess[colTime] != "" && guess[colKey] != guess[colTime] {
+		var pairs []string
+		for role, name := range guess {
+			if name != "" {
+				pairs = append(pairs, colNames[role]+"="+name)
+			}
+		}
+		suggest = "-columns " + strings.Join(pairs, ",")
+	}
+	return &TraceError{Line: te.Line, Err: fmt.Errorf("%w\n  if line %d is a header (%s), name the columns to read: %s",
+		te.Err, n, strings.Join(rd.firstFields, ","), suggest)}
 }
 
 // readHeader reads the header line: with -columns it must name each
@@ -734,11 +804,28 @@ func parseOpDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// lineList formats the first line numbers of n rows: "4, 9, 12" or
+// "4, 9, 12, 15, 20, ...".
+func lineList(lines []int, n int) string {
+	parts := make([]string, len(lines))
+	for i, l := range lines {
+		parts[i] = strconv.Itoa(l)
+	}
+	s := strings.Join(parts, ", ")
+	if n > len(lines) {
+		s += ", ..."
+	}
+	return s
+}
+
 // plan finishes the Plan: times counted from the earliest request, sorted.
 func (rd *traceReader) plan() (*Plan, error) {
 	p := rd.p
 	rd.ops = keyTable{} // the largest thing held while reading
 	if len(p.At) == 0 {
+		if p.Keyless > 0 {
+			return nil, fmt.Errorf("no requests: all %d rows lack a key (lines %s)", p.Keyless, lineList(p.KeylessLines, p.Keyless))
+		}
 		return nil, errors.New("no requests: want lines key,time[,fingerprint[,duration]]")
 	}
 	for i := range p.At {

@@ -146,7 +146,8 @@ func TestReadTraceErrorsNameTheLine(t *testing.T) {
 		{ok + "b,x\n", TraceFormat{}, 2, "neither a Unix time"},
 		{"# c\n\n" + ok + "b\n", TraceFormat{}, 4, "fields"},
 		{"a,1700000000000,fp,10,extra\n", TraceFormat{}, 1, "fields"},
-		{ok + ",1700000000000\n", TraceFormat{}, 2, "empty key"},
+		{ok + ",1700000000000\n", TraceFormat{Strict: true}, 2, "no key"},
+		{ok + "-,1700000000000\n", TraceFormat{Strict: true}, 2, "-strict refuses rows without one"},
 		{ok + "b,-5\n", TraceFormat{}, 2, "neither"},
 		{ok + "b\"c,1700000000000\n", TraceFormat{}, 2, "quote"},
 		{ok + "\"b,1700000000000\n", TraceFormat{}, 2, "quoted field does not end"},
@@ -205,5 +206,68 @@ func TestTraceFromStdinAndGzipFile(t *testing.T) {
 	code, stdout, stderr := runCmdStdin(t, "a,1700000000\nb,1700000001\n", "-trace", "-")
 	if code != exitUsage || stdout != "" || !strings.Contains(stderr, "line 1") || !strings.Contains(stderr, "-time-unit s") {
 		t.Errorf("a trace in seconds: exit code %d, stderr %q; want %d, naming line 1 and -time-unit s", code, stderr, exitUsage)
+	}
+}
+
+// An access log's rows without a key are skipped and counted, not fatal;
+// -strict refuses them.
+func TestKeylessRows(t *testing.T) {
+	t.Parallel()
+	trace := filepath.Join(t.TempDir(), "log.csv")
+	data := "key,unix_ms\n" + "a,1700000000000\n" + ",1700000001000\n" + "a,1700000060000\n" + "-,1700000002000\n" + "  ,1700000003000\n" + "b,1700000004000\n"
+	if err := os.WriteFile(trace, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runCmd(t, "-trace", trace, "-policies", "1m")
+	if code != exitOK {
+		t.Fatalf("exit code %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "skipped: 3 rows without a key (lines 3, 5, 6); -strict refuses a trace with any\n") ||
+		!strings.Contains(stdout, "3 requests for 2 operations") {
+		t.Errorf("the report does not count the rows without a key:\n%s", stdout)
+	}
+	code, stdout, stderr = runCmd(t, "-trace", trace, "-policies", "1m", "-json")
+	if _, sum := readJSON(t, stdout); code != exitOK || sum.Summary.SkippedKeyless != 3 {
+		t.Errorf("-json: exit code %d, skipped_keyless %d, want 3: %s", code, sum.Summary.SkippedKeyless, stderr)
+	}
+	code, _, stderr = runCmd(t, "-trace", trace, "-strict")
+	if code != exitUsage || !strings.Contains(stderr, "line 3: no key") {
+		t.Errorf("-strict: exit code %d, want %d naming line 3: %s", code, exitUsage, stderr)
+	}
+	code, _, stderr = runCmd(t, "-strict")
+	if code != exitUsage || !strings.Contains(stderr, "-strict: applies to -trace only") {
+		t.Errorf("-strict without -trace: exit code %d: %s", code, stderr)
+	}
+	only := filepath.Join(t.TempDir(), "keyless.csv")
+	if err := os.WriteFile(only, []byte(",1700000000000\n-,1700000001000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = runCmd(t, "-trace", only)
+	if code != exitUsage || !strings.Contains(stderr, "all 2 rows lack a key (lines 1, 2)") {
+		t.Errorf("a trace of keyless rows only: exit code %d: %s", code, stderr)
+	}
+}
+
+// A CSV with a header that does not start with "key" fails at its first
+// line; the error suggests -columns, naming the columns it can guess.
+func TestHeaderSuggestsColumns(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runCmd(t, "-trace", "testdata/checkout.csv")
+	if code != exitUsage || !strings.Contains(stderr, "if line 2 is a header (ts,idempotency_key,body_sha,latency_ms,status), "+
+		"name the columns to read: -columns key=idempotency_key,time=ts,fingerprint=body_sha,duration=latency_ms") {
+		t.Errorf("exit code %d, want %d with a -columns suggestion: %s", code, exitUsage, stderr)
+	}
+	trace := filepath.Join(t.TempDir(), "odd.csv")
+	if err := os.WriteFile(trace, []byte("when,who\n1700000000000,a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = runCmd(t, "-trace", trace)
+	if code != exitUsage || !strings.Contains(stderr, "name the columns to read: -columns key=NAME,time=NAME") {
+		t.Errorf("exit code %d, want %d with a generic -columns suggestion: %s", code, exitUsage, stderr)
+	}
+	// A bad line further down is not the header's fault.
+	code, _, stderr = runCmd(t, "-trace", "testdata/checkout.csv", "-columns", "key=idempotency_key,time=latency_ms")
+	if code != exitUsage || strings.Contains(stderr, "is a header") {
+		t.Errorf("exit code %d; a -columns run got a header hint: %s", code, stderr)
 	}
 }

@@ -9,7 +9,9 @@
 //
 // When redis-server is not installed the tests that need it are skipped,
 // unless the environment variable IDEM_REQUIRE_REDIS is "1": then they fail,
-// so that CI cannot pass by running nothing.
+// so that CI cannot pass by running nothing. Under go test -short they are
+// skipped whatever the environment says: -short runs the fast part of the
+// suite, on miniredis.
 //
 // The package never uses port 6379 or a fixed port, and never flushes a
 // database: every server it talks to is one it started.
@@ -119,9 +121,15 @@ func Require(tb testing.TB) {
 }
 
 // requireProgram skips or fails the test when program is not on PATH; pkg
-// is the Debian package that provides it.
+// is the Debian package that provides it. Under -short it skips the test
+// whatever the environment says: -short is the fast part of the suite,
+// on miniredis alone.
 func requireProgram(tb testing.TB, program, pkg string) bool {
 	tb.Helper()
+	if testing.Short() {
+		tb.Skip("redistest: real-Redis test skipped with -short; run go test without -short to include it")
+		return false
+	}
 	if _, err := exec.LookPath(program); err == nil {
 		return true
 	}

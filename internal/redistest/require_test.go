@@ -2,6 +2,8 @@ package redistest_test
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -24,6 +26,9 @@ func (r *recordingTB) Fatal(args ...any)         { r.fatal = fmt.Sprint(args...)
 func (r *recordingTB) Fatalf(f string, a ...any) { r.fatal = fmt.Sprintf(f, a...) }
 
 func TestRequireSkipsWithoutRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("checks what happens without -short (TestShortSkipsRealRedis checks -short)")
+	}
 	t.Setenv("PATH", t.TempDir())
 	t.Setenv(redistest.RequireEnv, "")
 	r := &recordingTB{TB: t}
@@ -39,6 +44,9 @@ func TestRequireSkipsWithoutRedis(t *testing.T) {
 }
 
 func TestRequireFailsWhenRequired(t *testing.T) {
+	if testing.Short() {
+		t.Skip("checks what happens without -short (TestShortSkipsRealRedis checks -short)")
+	}
 	t.Setenv("PATH", t.TempDir())
 	t.Setenv(redistest.RequireEnv, "1")
 	r := &recordingTB{TB: t}
@@ -61,5 +69,27 @@ func TestStartFailureShowsLog(t *testing.T) {
 	}
 	if !strings.Contains(r.fatal, "no-such-directive") || !strings.Contains(r.fatal, "redis.log") {
 		t.Errorf("failure = %q, want the end of the server's log, which names the bad directive", r.fatal)
+	}
+}
+
+// TestShortSkipsRealRedis runs itself again with -test.short, and
+// IDEM_REQUIRE_REDIS=1: there Start must skip, saying why, not fail.
+func TestShortSkipsRealRedis(t *testing.T) {
+	if testing.Short() {
+		r := &recordingTB{TB: t}
+		if s := redistest.Start(r, redistest.Config{}); s != nil {
+			t.Error("Start under -short returned a server")
+		}
+		if r.fatal != "" || !strings.Contains(r.skipped, "skipped with -short") {
+			t.Errorf("under -short: skipped %q, failed %q; want a skip that names -short", r.skipped, r.fatal)
+		}
+		fmt.Println("short child: checked")
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.short", "-test.run=^TestShortSkipsRealRedis$", "-test.v")
+	cmd.Env = append(os.Environ(), redistest.RequireEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "short child: checked") {
+		t.Fatalf("the test binary under -short: %v\n%s", err, out)
 	}
 }

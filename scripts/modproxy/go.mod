@@ -1,0 +1,3 @@
+module github.com/idem-go/idem/scripts/modproxy
+
+go 1.26.0

@@ -48,7 +48,7 @@
 // A retry later than the retention finds no record and runs fn again,
 // which no metric can see; with idem.WithTombstones it is refused instead,
 // and counted in idem.late_retries: any increase means the retention was
-// outrun (increase(idem_late_retries_total[1d]) > 0). Replays are timed
+// outrun (increase(idem_late_retries_total[1h]) > 0). Replays are timed
 // when the call read the record from Redis: one that shared a concurrent
 // call's outcome, or woke to the owner's notification, records no age.
 // The buckets (WithAgeBuckets) run from a second to 30 days by default.

@@ -103,8 +103,9 @@
 // is the scope's length in decimal, ':', the scope and the key, as in
 // httpidem, so no two (scope, key) pairs share one. The Client's
 // idem.WithMaxKeyLen must leave room for the scope and its length; a key
-// that does not fit gets InvalidArgument. Logs carry a keyed digest of the
-// key (WithKeySecret), never the key.
+// that does not fit gets InvalidArgument. Logs carry the Client's keyed
+// digest of the key (idem.Client.LogAttrs), never the key unless the Client
+// was made with idem.WithRawEventKeys(true).
 //
 // # Fingerprints
 //

@@ -2,10 +2,8 @@ package grpcidem
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -25,7 +23,6 @@ type config struct {
 	maxKeyLen   int
 	retryAfter  time.Duration
 	logger      *slog.Logger
-	keySecret   []byte
 	problems    []string
 }
 
@@ -168,35 +165,15 @@ func WithRetryAfter(d time.Duration) Option {
 
 // WithLogger sets the logger for what the interceptor notices on its own:
 // responses not stored, outcomes not recorded, Redis failures, unreadable
-// records. Records carry the method and the key's digest (see
-// WithKeySecret). A nil logger discards.
-// The default discards everything.
+// records. Records carry the method and name the key by its digest, as the
+// Client's own records do (idem.Client.LogAttrs: the Client's
+// WithEventKeySecret and WithRawEventKeys apply). A nil logger discards.
+// The default is slog.Default(), as it is when a record is logged.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
-		if l != nil {
-			c.logger = l
+		if l == nil {
+			l = slog.New(slog.DiscardHandler)
 		}
+		c.logger = l
 	}
 }
-
-// WithKeySecret sets the secret of the keyed digest that stands for the
-// key in logs (idem.EventKeyDigest of the scoped key). Give it the secret
-// given to idem.WithEventKeySecret, so that the digests in this package's
-// logs match those of idem's events; at least 16 bytes.
-// The default is a random secret per process.
-func WithKeySecret(secret []byte) Option {
-	return func(c *config) {
-		if len(secret) < 16 {
-			c.problem("WithKeySecret: the secret has %d bytes, want at least 16", len(secret))
-			return
-		}
-		c.keySecret = append([]byte(nil), secret...)
-	}
-}
-
-// processSecret is the secret of key digests without WithKeySecret.
-var processSecret = sync.OnceValue(func() []byte {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b) // never fails (crypto/rand documents it)
-	return b
-})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/slogdefault"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -39,7 +40,7 @@ func UnaryServerInterceptor(c *idem.Client, opts ...Option) grpc.UnaryServerInte
 		fingerprint: DefaultFingerprint,
 		maxKeyLen:   255,
 		retryAfter:  time.Second,
-		logger:      slog.New(slog.DiscardHandler),
+		logger:      slog.New(slogdefault.Handler{}),
 	}
 	for _, code := range defaultDefinite {
 		cfg.definite[code] = true
@@ -52,9 +53,6 @@ func UnaryServerInterceptor(c *idem.Client, opts ...Option) grpc.UnaryServerInte
 	}
 	if len(cfg.problems) > 0 {
 		panic(fmt.Sprintf("grpcidem: invalid options: %s", strings.Join(cfg.problems, "; ")))
-	}
-	if cfg.keySecret == nil {
-		cfg.keySecret = processSecret()
 	}
 	s := &server{c: c, cfg: cfg}
 	return s.intercept
@@ -156,20 +154,16 @@ var errTransient = errors.New("grpcidem: transient status, not stored")
 // answerOwner returns the outcome of the handler that ran in this call,
 // unless it could not be recorded.
 func (cl *call) answerOwner(err error) (any, error) {
-	log := cl.s.cfg.logger
 	switch {
 	case err == nil:
 	case errors.Is(err, idem.ErrNotRecorded), errors.Is(err, idem.ErrLeaseLost):
-		log.Error("grpcidem: the handler ran but its outcome was not recorded",
-			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+		cl.log(slog.LevelError, "grpcidem: the handler ran but its outcome was not recorded", err)
 		return nil, cl.s.fail(codes.Internal, ReasonNotRecorded,
 			"the call was processed, but its outcome could not be recorded; a retry may run it again")
 	case errors.Is(err, idem.ErrTooLarge):
-		log.Warn("grpcidem: response not stored: larger than the Client's WithMaxResultSize; retries get Internal",
-			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+		cl.log(slog.LevelWarn, "grpcidem: response not stored: larger than the Client's WithMaxResultSize; retries get Internal", err)
 	case idem.Code(err) == codeNotStored:
-		log.Warn("grpcidem: response not stored: it cannot be encoded; retries get Internal",
-			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+		cl.log(slog.LevelWarn, "grpcidem: response not stored: it cannot be encoded; retries get Internal", err)
 	}
 	return cl.resp, cl.err
 }
@@ -195,11 +189,14 @@ func (cl *call) answerError(err error) error {
 			"the "+s.cfg.header+" metadata is too long for this service")
 	case errors.Is(err, idem.ErrTooLarge):
 		return errNotStoredStatus(s)
+	case errors.Is(err, idem.ErrUnavailable):
+		cl.log(slog.LevelError, "grpcidem: cannot reach the idempotency store", err)
+		return s.retryable(cl.ctx, ReasonUnavailable,
+			"the idempotency store is unavailable; the call was not processed")
 	case errors.Is(err, idem.ErrClosed):
 		return s.retryable(cl.ctx, ReasonUnavailable, "the service is shutting down")
 	case errors.Is(err, idem.ErrCorrupt), errors.Is(err, idem.ErrExpired):
-		s.cfg.logger.Error("grpcidem: cannot answer from the stored record",
-			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+		cl.log(slog.LevelError, "grpcidem: cannot answer from the stored record", err)
 		return s.fail(codes.Internal, ReasonRecordUnusable, "the record of this key cannot be used")
 	case cl.ctx.Err() != nil:
 		// The caller went away or its deadline passed: nothing ran.
@@ -207,8 +204,7 @@ func (cl *call) answerError(err error) error {
 	default:
 		// Redis unreachable, a timeout, a claim that came back too late:
 		// nothing ran.
-		s.cfg.logger.Error("grpcidem: cannot reach the idempotency store",
-			"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+		cl.log(slog.LevelError, "grpcidem: cannot reach the idempotency store", err)
 		return s.retryable(cl.ctx, ReasonUnavailable,
 			"the idempotency store is unavailable; the call was not processed")
 	}
@@ -224,8 +220,7 @@ func (cl *call) replay(res []byte) (any, error) {
 			return m, nil
 		}
 	}
-	cl.s.cfg.logger.Error("grpcidem: stored response unreadable",
-		"method", cl.method, "key_digest", cl.digest(), "error", cl.redact(err))
+	cl.log(slog.LevelError, "grpcidem: stored response unreadable", err)
 	return nil, cl.s.fail(codes.Internal, ReasonRecordUnusable, "the stored response to this key cannot be read")
 }
 
@@ -244,8 +239,7 @@ func (cl *call) replayFailure(stored *idem.StoredError) error {
 	default:
 		// A failure that no grpcidem interceptor stored: the key was used
 		// by other code.
-		cl.s.cfg.logger.Error("grpcidem: the key's stored failure is not a status",
-			"method", cl.method, "key_digest", cl.digest(), "code", stored.Code)
+		cl.log(slog.LevelError, "grpcidem: the key's stored failure is not a status", nil, slog.String("code", stored.Code))
 		return cl.s.fail(codes.Internal, ReasonRecordUnusable, "the record of this key cannot be used")
 	}
 }
@@ -265,12 +259,12 @@ func (cl *call) setMetadata(header, trailer metadata.MD) {
 	}
 }
 
-func (cl *call) digest() string { return idem.EventKeyDigest(cl.s.cfg.keySecret, cl.key) }
-
-// redact returns err's message without the key, which idem's errors quote:
-// logs carry its digest only.
-func (cl *call) redact(err error) string {
-	return strings.ReplaceAll(err.Error(), strconv.Quote(cl.key), "<key>")
+// log logs msg at level with the call's method, its key's digest and err
+// (with the key in its message replaced by the digest), as the Client
+// names keys in its own logs (idem.Client.LogAttrs).
+func (cl *call) log(level slog.Level, msg string, err error, attrs ...slog.Attr) {
+	attrs = append(append([]slog.Attr{slog.String("method", cl.method)}, cl.s.c.LogAttrs(cl.key, err)...), attrs...)
+	cl.s.cfg.logger.LogAttrs(cl.ctx, level, msg, attrs...)
 }
 
 func errNotStoredStatus(s *server) error {

@@ -7,6 +7,7 @@ package idemstream_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -216,5 +217,41 @@ func TestBadArguments(t *testing.T) {
 			}()
 			idemstream.New(nil, nil, "s", "g", "c", opt)
 		}()
+	}
+}
+
+// A dead-lettered conflict is logged with its key's digest, never the key
+// (keys may be personal data), as the Client logs keys.
+func TestDeadLetterLogNamesTheKeyByDigest(t *testing.T) {
+	addr := startRedis(t)
+	rdb := newClient(t, addr)
+	ctx := context.Background()
+	for _, values := range [][]any{{"event", "secret-order-77"}, {"event", "secret-order-77", "amount", "10"}} {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: values}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: []any{"event", "ev-1"}}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l logs
+	c := idemstream.New(newIdem(t, addr), rdb, "s", "g", "c1", idemstream.WithKey(eventKey), idemstream.WithLogger(slog.New(&l)))
+	r := start(t, c, func(context.Context, redis.XMessage) error { return nil })
+	drained(t, rdb, "s", "g", last, time.Minute)
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	found := false
+	for _, m := range l.all() {
+		if strings.Contains(m, "secret-order-77") {
+			t.Errorf("a log names the key: %s", m)
+		}
+		if strings.Contains(m, "entry dead-lettered") && strings.Contains(m, "key_digest=") && strings.Contains(m, "reused with different parameters") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no dead-letter log with the key's digest and the conflict: %q", l.all())
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"time"
@@ -62,7 +63,7 @@ func (r *run) handle(j job) {
 	}
 	key := r.c.cfg.key(m)
 	if key == "" {
-		r.deadLetter(m, d, fmt.Errorf("%w (WithKey found none in entry %s)", ErrNoKey, m.ID))
+		r.deadLetter(m, d, "", fmt.Errorf("%w (WithKey found none in entry %s)", ErrNoKey, m.ID))
 		return
 	}
 	key = r.c.scope + key
@@ -84,17 +85,17 @@ func (r *run) handle(j job) {
 		case errors.Is(err, idem.ErrConflict):
 			// Stored for the key is another entry's outcome: this one was
 			// not handled. Keep it where an operator sees it.
-			r.deadLetter(m, d, err)
+			r.deadLetter(m, d, key, err)
 			return
 		case idem.Ack(err):
 			r.ack(m)
 			return
 		case errors.Is(err, errTooMany):
-			r.deadLetter(m, d, fmt.Errorf("%w: delivered %d times, WithMaxDeliveries is %d", ErrTooManyDeliveries, d, r.c.cfg.maxDeliveries))
+			r.deadLetter(m, d, key, fmt.Errorf("%w: delivered %d times, WithMaxDeliveries is %d", ErrTooManyDeliveries, d, r.c.cfg.maxDeliveries))
 			return
 		case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrCorrupt):
 			// No retry changes these.
-			r.deadLetter(m, d, err)
+			r.deadLetter(m, d, key, err)
 			return
 		case errors.Is(err, idem.ErrClosed):
 			r.stop(fmt.Errorf("idemstream: the idem.Client was closed: %w", err))
@@ -115,7 +116,7 @@ func (r *run) handle(j job) {
 		}
 		waits = 0
 		if d >= r.c.cfg.maxDeliveries {
-			r.deadLetter(m, d, err)
+			r.deadLetter(m, d, key, err)
 			return
 		}
 		if !r.sleep(r.c.backoff(d)) || !r.redeliver(m) {
@@ -161,8 +162,9 @@ func (r *run) ack(m redis.XMessage) {
 // deadLetter copies m to the dead-letter stream with why, then
 // acknowledges it: in that order, so that a crash between the two leaves
 // a duplicate in the dead-letter stream, never a loss. If the copy fails,
-// m stays pending and comes back.
-func (r *run) deadLetter(m redis.XMessage, deliveries int64, why error) {
+// m stays pending and comes back. key is the entry's key given to Do ("" if
+// it has none): the log names it by its digest, as the Client does.
+func (r *run) deadLetter(m redis.XMessage, deliveries int64, key string, why error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), opTimeout)
 	defer cancel()
 	fields := make([]string, 0, len(m.Values))
@@ -182,8 +184,15 @@ func (r *run) deadLetter(m redis.XMessage, deliveries int64, why error) {
 			"group", r.c.group, "consumer", r.c.name, "id", m.ID, "dead_letter", r.c.deadLetter, "error", err)
 		return
 	}
-	r.c.cfg.logger.Warn("idemstream: entry dead-lettered", "stream", r.c.stream, "group", r.c.group, "consumer", r.c.name,
-		"id", m.ID, "dead_letter", r.c.deadLetter, "dead_letter_id", id, "deliveries", deliveries, "error", why)
+	attrs := []slog.Attr{slog.String("stream", r.c.stream), slog.String("group", r.c.group), slog.String("consumer", r.c.name),
+		slog.String("id", m.ID), slog.String("dead_letter", r.c.deadLetter), slog.String("dead_letter_id", id),
+		slog.Int64("deliveries", deliveries)}
+	if key != "" {
+		attrs = append(attrs, r.c.keys.LogAttrs(key, why)...)
+	} else {
+		attrs = append(attrs, slog.Any("error", why))
+	}
+	r.c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemstream: entry dead-lettered", attrs...)
 	if err := r.c.rdb.XAck(ctx, r.c.stream, r.c.group, m.ID).Err(); err != nil {
 		r.c.cfg.logger.Warn("idemstream: acknowledging a dead-lettered entry failed; it may be dead-lettered again", "stream", r.c.stream,
 			"group", r.c.group, "consumer", r.c.name, "id", m.ID, "error", err)

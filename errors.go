@@ -87,6 +87,20 @@ var (
 	// as done.
 	ErrLateRetry = errors.New("idem: late retry: the key was used and its outcome is no longer kept")
 
+	// ErrParked means the key's operation is parked: it is unfinished,
+	// and nothing runs it again until an operator says so (Client.Retry
+	// runs it again; Forget deletes it). A record is parked after too many
+	// failed recoveries (WithMaxRecoveries), or when a checked step's
+	// outcome could not be settled (ErrUnknownOutcome). fn does not run.
+	ErrParked = errors.New("idem: operation parked: it runs again only when an operator says so")
+
+	// ErrUnknownOutcome means a checked step (StepChecked) acted, and
+	// neither its answer nor its checks could tell whether the effect
+	// happened before the reconciliation ran out of time: the operation is
+	// parked (Do's error matches ErrParked too) until an operator resolves
+	// the step (Resolve, ResolveNotApplied). fn does not run.
+	ErrUnknownOutcome = errors.New("idem: outcome unknown: a step's effect could not be settled; parked for an operator")
+
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("idem: client closed")
 

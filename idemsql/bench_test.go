@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/internal/servertest"
+	"github.com/idem-go/idem/ledgertest/dbtest"
 )
 
 // BenchmarkLedger measures a debit on a new key through idem with the
@@ -121,7 +122,7 @@ func BenchmarkLedger(b *testing.B) {
 
 func durablePostgres() servertest.Backend {
 	return servertest.Backend{Name: "postgres", Driver: "pgx", Open: func(tb testing.TB) (*sql.DB, string) {
-		pg := servertest.DurablePostgres(tb)
+		pg := dbtest.DurablePostgres(tb)
 		dsn := pg.NewDatabase(tb)
 		return pg.Open(tb, dsn), dsn
 	}}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
-	"github.com/idem-go/idem/idemsql/internal/servertest"
+	"github.com/idem-go/idem/ledgertest/dbtest"
 )
 
 // pgBank returns a bank on PostgreSQL.
@@ -355,7 +355,7 @@ func TestCommitUnderRepeatableRead(t *testing.T) {
 	b := pgBank(t)
 	ctx := context.Background()
 	first := b.client(t)
-	other := &bank{name: b.name, db: b.db, dialect: b.dialect, ledger: b.ledger, redis: servertest.StartRedis(t)}
+	other := &bank{name: b.name, db: b.db, dialect: b.dialect, ledger: b.ledger, redis: dbtest.StartRedis(t)}
 	second := other.client(t)
 	fp := fingerprint("op", 10)
 	var (

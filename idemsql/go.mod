@@ -5,16 +5,18 @@ go 1.26.0
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/idem-go/idem v0.1.0
-	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.uber.org/goleak v1.3.0
 	modernc.org/sqlite v1.62.0
 )
 
+require github.com/jackc/pgx/v5 v5.12.0 // indirect
+
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idem-go/idem/ledgertest v0.1.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -34,3 +36,5 @@ require (
 )
 
 replace github.com/idem-go/idem => ../
+
+replace github.com/idem-go/idem/ledgertest => ../ledgertest

@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/internal/servertest"
+	"github.com/idem-go/idem/ledgertest/dbtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,7 +27,7 @@ type bank struct {
 	dsn     string
 	dialect idemsql.Dialect
 	ledger  *idemsql.Ledger
-	redis   *servertest.Redis
+	redis   *dbtest.Redis
 	runs    atomic.Int64 // debit fns started
 }
 
@@ -68,7 +69,7 @@ func newBank(t testing.TB, be servertest.Backend) *bank {
 	if err := createBusiness(ctx, db, be.Name); err != nil {
 		t.Fatal(err)
 	}
-	b.redis = servertest.StartRedis(t)
+	b.redis = dbtest.StartRedis(t)
 	return b
 }
 

@@ -4,13 +4,13 @@ import (
 	"os"
 	"testing"
 
-	"github.com/idem-go/idem/idemsql/internal/servertest"
+	"github.com/idem-go/idem/ledgertest/dbtest"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	servertest.StopShared()
+	dbtest.StopShared()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			os.Stderr.WriteString("goleak: " + err.Error() + "\n")

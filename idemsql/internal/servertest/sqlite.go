@@ -1,9 +1,14 @@
+// Package servertest opens the databases idemsql's tests run on: SQLite
+// files in temporary directories, and databases of the shared PostgreSQL
+// server that ledgertest/dbtest starts.
 package servertest
 
 import (
 	"database/sql"
 	"path/filepath"
 	"testing"
+
+	"github.com/idem-go/idem/ledgertest/dbtest"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 )
@@ -57,7 +62,7 @@ type Backend struct {
 func Backends() []Backend {
 	return []Backend{
 		{Name: "postgres", Driver: "pgx", Open: func(tb testing.TB) (*sql.DB, string) {
-			pg := SharedPostgres(tb)
+			pg := dbtest.SharedPostgres(tb)
 			dsn := pg.NewDatabase(tb)
 			return pg.Open(tb, dsn), dsn
 		}},

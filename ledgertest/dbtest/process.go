@@ -1,4 +1,4 @@
-package servertest
+package dbtest
 
 import (
 	"bytes"

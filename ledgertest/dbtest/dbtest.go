@@ -1,10 +1,12 @@
-// Package servertest runs real redis-server and PostgreSQL processes for
-// idemsql's tests, as the root module's internal/redistest does for its own
-// (which another module cannot import).
+// Package dbtest runs real database servers for the tests of idem's ledger
+// drivers, and of anyone's: PostgreSQL and redis-server processes (and
+// MariaDB), started by the tests themselves, as the root module's
+// internal/redistest does for the core (which another module cannot
+// import).
 //
-// Every server listens on a free loopback port (never 6379 or 5432), keeps
-// its data in a new temporary directory, is stopped when its test (or, for
-// the shared PostgreSQL, the test binary) ends, and dies with the test
+// Every server listens on a free loopback port (never 6379, 5432 or 3306),
+// keeps its data in a new temporary directory, is stopped when its test
+// (or, for a shared server, the test binary) ends, and dies with the test
 // binary if that dies first (Linux). PostgreSQL refuses to run as root, so
 // when the tests run as root its processes run as the "postgres" system
 // user that Debian's package creates (or "nobody").
@@ -12,7 +14,7 @@
 // When a server is not installed, the tests that need it are skipped,
 // unless the environment variable IDEM_REQUIRE_REDIS is "1" (CI sets it):
 // then they fail, so that CI cannot pass by running nothing.
-package servertest
+package dbtest
 
 import (
 	"errors"
@@ -31,10 +33,10 @@ const RequireEnv = "IDEM_REQUIRE_REDIS"
 func missing(tb testing.TB, program, pkg string) {
 	tb.Helper()
 	if os.Getenv(RequireEnv) == "1" {
-		tb.Fatalf("servertest: %s not found, and %s=1 requires the tests that need it to run; install it (apt-get install %s)", program, RequireEnv, pkg)
+		tb.Fatalf("dbtest: %s not found, and %s=1 requires the tests that need it to run; install it (apt-get install %s)", program, RequireEnv, pkg)
 		return
 	}
-	tb.Skipf("servertest: %s not found; install it (apt-get install %s) or these tests do not run", program, pkg)
+	tb.Skipf("dbtest: %s not found; install it (apt-get install %s) or these tests do not run", program, pkg)
 }
 
 var (
@@ -54,11 +56,11 @@ func freePort() (int, error) {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if handedOut[port] || port == 6379 || port == 5432 {
+		if handedOut[port] || port == 6379 || port == 5432 || port == 3306 {
 			continue
 		}
 		handedOut[port] = true
 		return port, nil
 	}
-	return 0, errors.New("servertest: found no free loopback port")
+	return 0, errors.New("dbtest: found no free loopback port")
 }

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package servertest
+package dbtest
 
 import "os/exec"
 

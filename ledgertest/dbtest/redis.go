@@ -1,4 +1,4 @@
-package servertest
+package dbtest
 
 import (
 	"context"
@@ -61,7 +61,7 @@ func StartRedis(tb testing.TB) *Redis {
 			break
 		}
 	}
-	tb.Fatalf("servertest: %v", last)
+	tb.Fatalf("dbtest: %v", last)
 	return nil
 }
 

@@ -1,4 +1,4 @@
-package servertest
+package dbtest
 
 import (
 	"context"
@@ -55,7 +55,7 @@ func SharedPostgres(tb testing.TB) *Postgres {
 		shared.pg, shared.err = startPostgres(bin, false)
 	}
 	if shared.err != nil {
-		tb.Fatalf("servertest: %v", shared.err)
+		tb.Fatalf("dbtest: %v", shared.err)
 	}
 	return shared.pg
 }
@@ -73,7 +73,7 @@ func DurablePostgres(tb testing.TB) *Postgres {
 	}
 	pg, err := startPostgres(bin, true)
 	if err != nil {
-		tb.Fatalf("servertest: %v", err)
+		tb.Fatalf("dbtest: %v", err)
 	}
 	tb.Cleanup(pg.stop)
 	return pg
@@ -233,7 +233,7 @@ func (pg *Postgres) NewDatabase(tb testing.TB) string {
 	name := fmt.Sprintf("t%d_%d", os.Getpid(), pg.dbs.Add(1))
 	db := pg.Open(tb, pg.DSN("postgres"))
 	if _, err := db.Exec("CREATE DATABASE " + name); err != nil {
-		tb.Fatalf("servertest: create database: %v", err)
+		tb.Fatalf("dbtest: create database: %v", err)
 	}
 	return pg.DSN(name)
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package servertest
+package dbtest
 
 import "syscall"
 

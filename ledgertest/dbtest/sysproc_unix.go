@@ -1,6 +1,6 @@
 //go:build unix && !linux
 
-package servertest
+package dbtest
 
 import "syscall"
 

@@ -78,7 +78,7 @@ type attemptCtx struct {
 	context.Context
 	a       Attempt
 	cancel  context.CancelCauseFunc
-	pending *Pending // the call's hold for a ledger's commit helper; nil without a ledger
+	pending *pending // the call's hold for Commit; nil without a ledger
 	call    *call    // the call that owns the key
 	// deadline is the owner's lease deadline, in monotonic nanoseconds
 	// (mono); renewals move it later.
@@ -88,7 +88,7 @@ type attemptCtx struct {
 
 // Value returns a *Attempt for attemptKey and a *steps for stepsKey:
 // pointers into c, which cost no allocation as interface values would; and
-// the call's *Pending for pendingKey, nil (a typed nil, so PendingFrom
+// the call's *pending for pendingKey, nil (a typed nil, so pendingFrom
 // tells "no ledger" from "outside Do") without a ledger.
 func (c *attemptCtx) Value(key any) any {
 	switch key.(type) {

@@ -255,9 +255,9 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 		}
 		v, err := fn(ctx)
 		if p != nil {
-			if e, mine, val := p.decided(); e != nil {
+			if d := p.decided(); d.e != nil {
 				// The ledger decided the outcome; Client.Do returns it.
-				if t, ok := val.(T); ok && mine && !e.Failed {
+				if t, ok := d.v.(T); ok && d.mine && !d.e.Failed {
 					own, owned = t, true
 				}
 				return nil, nil

@@ -37,23 +37,7 @@ func (l foldedLedger) Lookup(ctx context.Context, key string) (idem.Entry, bool,
 }
 
 func (l foldedLedger) commit(ctx context.Context, v []byte) error {
-	p, err := idem.PendingFrom(ctx)
-	if err != nil {
-		return err
-	}
-	e, err := p.Entry(v)
-	if err != nil {
-		return err
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if old, ok := l.entries[strings.ToLower(e.Key)]; ok {
-		return p.Found(old)
-	}
-	l.entries[strings.ToLower(e.Key)] = e
-	l.applied[e.Key]++
-	p.Committed(e, v)
-	return nil
+	return idem.Commit(ctx, &memTx{l: l.memLedger, fold: true}, v)
 }
 
 // A Ledger that answers a lookup with the row of another key: Do must not
@@ -130,6 +114,8 @@ func (l scriptedLedger) Lookup(ctx context.Context, key string) (idem.Entry, boo
 	return l.entry(key)
 }
 
+func (scriptedLedger) MaxKeyLen() int { return 0 }
+
 // A Ledger that answers with a fingerprint that is no digest idem made
 // (a hex string, a column padded to 300 bytes): a clear error, fn not run,
 // and no record in Redis that later calls could not read.
@@ -139,7 +125,7 @@ func TestLedgerAttackMalformedFingerprint(t *testing.T) {
 			b := idemtest.Miniredis(t)
 			ctx := context.Background()
 			l := scriptedLedger{func(key string) (idem.Entry, bool, error) {
-				return idem.Entry{Key: key, Fingerprint: fp, Attempt: 1, Value: []byte("v")}, true, nil
+				return idem.Entry{Key: key, FingerprintDigest: fp, Attempt: 1, Value: []byte("v")}, true, nil
 			}}
 			c := b.Idem(t, idem.WithLedger(l), idem.WithLedgerLookups(true))
 			for _, callFP := range []string{"", "fp"} {
@@ -282,22 +268,16 @@ func TestLedgerAttackCommitLeftBehind(t *testing.T) {
 	l := newMemLedger()
 	c := b.Idem(t, idem.WithLedger(l), idem.WithWait(0))
 	returned, landed := make(chan struct{}), make(chan struct{})
+	entered := make(chan struct{})
 	_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-		p, err := idem.PendingFrom(ctx)
-		if err != nil {
-			return nil, err
-		}
-		e, err := p.Entry([]byte("receipt"))
-		if err != nil {
-			return nil, err
-		}
 		go func() {
 			defer close(landed)
-			<-returned
-			if err := l.insert(p, e, []byte("receipt")); err != nil {
+			tx := &memTx{l: l, hold: func() { close(entered); <-returned }}
+			if err := idem.Commit(ctx, tx, []byte("receipt")); err != nil {
 				t.Errorf("the late commit: %v", err)
 			}
 		}()
+		<-entered // the COMMIT is on its way; fn gives up before it lands
 		return nil, errors.New("gave up waiting for the database")
 	})
 	if err == nil || errors.Is(err, idem.ErrRecorded) {

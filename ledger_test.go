@@ -23,6 +23,7 @@ type memLedger struct {
 	applied map[string]int // business changes applied, by key
 	lookups atomic.Int64
 	fail    atomic.Pointer[error] // Lookup's error, when set
+	age     atomic.Int64          // the Age of every entry read, as a time.Duration
 }
 
 func newMemLedger() *memLedger {
@@ -37,51 +38,69 @@ func (l *memLedger) Lookup(ctx context.Context, key string) (idem.Entry, bool, e
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, ok := l.entries[key]
+	e.Age = time.Duration(l.age.Load())
 	return e, ok, nil
 }
+
+func (l *memLedger) MaxKeyLen() int { return 0 }
+
+// memTx is a transaction of a memLedger, as a driver hands it to
+// idem.Commit: its business change is applied with its commit, under the
+// ledger's mutex, and only when the key has no entry yet. fold makes the
+// key column compare keys without case (see foldedLedger); hold, when set,
+// runs first (a COMMIT on its way).
+type memTx struct {
+	l    *memLedger
+	fold bool
+	hold func()
+}
+
+func (tx *memTx) Commit(ctx context.Context, e idem.Entry) (idem.Entry, bool, error) {
+	if tx.hold != nil {
+		tx.hold()
+	}
+	l := tx.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := e.Key
+	if tx.fold {
+		k = strings.ToLower(k)
+	}
+	if old, ok := l.entries[k]; ok {
+		old.Age = time.Duration(l.age.Load())
+		return old, true, nil
+	}
+	l.entries[k] = e
+	l.applied[e.Key]++
+	return idem.Entry{}, false, nil
+}
+
+func (tx *memTx) Rollback(context.Context) error { return nil }
+
+// failedTx is a transaction whose COMMIT fails, its end unknown; got, when
+// set, keeps the entry it was given.
+type failedTx struct{ got *idem.Entry }
+
+func (tx *failedTx) Commit(ctx context.Context, e idem.Entry) (idem.Entry, bool, error) {
+	if tx.got != nil {
+		*tx.got = e
+	}
+	return idem.Entry{}, false, errors.New("connection lost during COMMIT")
+}
+
+func (tx *failedTx) Rollback(context.Context) error { return nil }
 
 // commit applies the business change and records v as the call's outcome
 // in one step, as idemsql.Commit does in a transaction: when the ledger
 // holds an outcome for the key already, it applies nothing.
 func commit[T any](ctx context.Context, l *memLedger, v T) error {
-	p, err := idem.PendingFrom(ctx)
-	if err != nil {
-		return err
-	}
-	e, err := p.Entry(v)
-	if err != nil {
-		return err
-	}
-	return l.insert(p, e, v)
+	return idem.Commit(ctx, &memTx{l: l}, v)
 }
 
 // commitFailure records err as the call's permanent failure, with its
 // business change (a declined payment's row), in one step.
 func commitFailure(ctx context.Context, l *memLedger, err error) error {
-	p, perr := idem.PendingFrom(ctx)
-	if perr != nil {
-		return perr
-	}
-	e, perr := p.FailureEntry(err)
-	if perr != nil {
-		return perr
-	}
-	if ierr := l.insert(p, e, err); ierr != nil {
-		return ierr
-	}
-	return err
-}
-
-func (l *memLedger) insert(p *idem.Pending, e idem.Entry, v any) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if old, ok := l.entries[e.Key]; ok {
-		return p.Found(old)
-	}
-	l.entries[e.Key] = e
-	l.applied[e.Key]++
-	p.Committed(e, v)
-	return nil
+	return idem.CommitError(ctx, &memTx{l: l}, err)
 }
 
 func (l *memLedger) changes(key string) int {
@@ -178,14 +197,10 @@ func TestLedgerTakeoverFindsTheCommit(t *testing.T) {
 		var first idem.Entry
 		dead := b.Idem(t, idem.WithLedger(l), idem.WithLease(lease))
 		_, err := dead.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-			p, err := idem.PendingFrom(ctx)
-			if err != nil {
-				return nil, err
+			if err := idem.Commit(ctx, &failedTx{got: &first}, []byte("receipt-1")); err == nil {
+				return nil, errors.New("failedTx committed")
 			}
-			if first, err = p.Entry([]byte("receipt-1")); err != nil {
-				return nil, err
-			}
-			return nil, errors.New("not committed through the Pending")
+			return nil, errors.New("not committed")
 		})
 		if err == nil {
 			t.Fatal("the dead owner's call succeeded")
@@ -512,24 +527,33 @@ func TestLedgerConcurrentCallers(t *testing.T) {
 }
 
 // A commit helper that is given only fn's context finds the Client's
-// ledger through the Pending (idemsql.Commit's case: its table is the
-// ledger's).
-func TestLedgerPendingNamesTheLedger(t *testing.T) {
+// ledger with LedgerFrom (idemsql.Commit's case: its table is the
+// ledger's); outside fn, and once the outcome is decided, it finds none.
+func TestLedgerFromNamesTheLedger(t *testing.T) {
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		l := newMemLedger()
 		c := b.Idem(t, idem.WithLedger(l))
 		_, err := c.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
-			p, err := idem.PendingFrom(ctx)
+			got, err := idem.LedgerFrom(ctx)
 			if err != nil {
 				return nil, err
 			}
-			if got, ok := p.Ledger().(*memLedger); !ok || got != l {
-				t.Errorf("Pending.Ledger() = %v, want the Client's ledger", p.Ledger())
+			if got, ok := got.(*memLedger); !ok || got != l {
+				t.Errorf("LedgerFrom = %v, want the Client's ledger", got)
 			}
-			return []byte("r"), commit(ctx, l, []byte("r"))
+			if err := commit(ctx, l, []byte("r")); err != nil {
+				return nil, err
+			}
+			if _, err := idem.LedgerFrom(ctx); !errors.Is(err, idem.ErrNoLedger) {
+				t.Errorf("LedgerFrom after the commit: %v; want ErrNoLedger", err)
+			}
+			return []byte("r"), nil
 		})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if _, err := idem.LedgerFrom(context.Background()); !errors.Is(err, idem.ErrNoLedger) {
+			t.Fatalf("LedgerFrom outside fn: %v; want ErrNoLedger", err)
 		}
 	})
 }
@@ -542,14 +566,8 @@ func TestLedgerSuccessAfterFailedCommit(t *testing.T) {
 		l := newMemLedger()
 		c := b.Idem(t, idem.WithLedger(l))
 		_, err := c.Do(ctx, "k", "fp", func(ctx context.Context) ([]byte, error) {
-			p, err := idem.PendingFrom(ctx)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := p.Entry([]byte("lost")); err != nil {
-				return nil, err
-			}
 			// The helper's COMMIT failed; fn ignores it.
+			_ = idem.Commit(ctx, &failedTx{}, []byte("lost"))
 			return []byte("lost"), nil
 		})
 		if err == nil || !strings.Contains(err.Error(), "ledger commit did not complete") {
@@ -564,3 +582,99 @@ func TestLedgerSuccessAfterFailedCommit(t *testing.T) {
 		}
 	})
 }
+
+// A record finished from the ledger expires when its row is the retention
+// old, whichever path finished it (the review's scenario: a takeover late
+// in the retention finished the record, which then outlived a row pruned
+// at the documented bound): the owner that committed, a takeover's lookup
+// that found an old row, and a commit that met one.
+func TestLedgerRecordExpiresWithItsRow(t *testing.T) {
+	const retention, lease = 3 * time.Second, 500 * time.Millisecond
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		ctx := context.Background()
+		pttl := func(key string) time.Duration {
+			t.Helper()
+			ms, ok := b.Do(t, "PTTL", "idem:{"+key+"}").(int64)
+			if !ok || ms <= 0 {
+				t.Fatalf("PTTL of %s: %v", key, b.Do(t, "PTTL", "idem:{"+key+"}"))
+			}
+			return time.Duration(ms) * time.Millisecond
+		}
+		l := newMemLedger()
+		c := b.Idem(t, idem.WithLedger(l), idem.WithRetention(retention), idem.WithLease(lease), idem.WithWait(0))
+
+		// The owner's own commit: the record keeps at most the retention.
+		if _, err := c.Do(ctx, "own", "fp", func(ctx context.Context) ([]byte, error) {
+			return []byte("r"), commit(ctx, l, []byte("r"))
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if got := pttl("own"); got > retention {
+			t.Fatalf("own commit: record TTL %v; want at most the retention %v", got, retention)
+		}
+
+		// A takeover 2.5 s after a dead owner's commit finds the row: the
+		// record has 0.5 s left, not a retention of its own.
+		l.mu.Lock()
+		l.entries["late"] = idem.Entry{Key: "late", Attempt: 1, Value: []byte("receipt")}
+		l.mu.Unlock()
+		b.Do(t, "SET", "idem:{late}", idemtest.InProgress("dead-owner", 1, retention, lease), "PX", retention.Milliseconds())
+		b.Advance(t, lease+100*time.Millisecond)
+		l.age.Store(int64(2500 * time.Millisecond))
+		if got, err := c.Do(ctx, "late", "fp", l.fnFails(t)); err != nil || string(got) != "receipt" {
+			t.Fatalf("takeover: %q, %v", got, err)
+		}
+		if got := pttl("late"); got > retention-2500*time.Millisecond {
+			t.Fatalf("takeover at 2.5 s: record TTL %v; want at most %v, what the row has left", got, retention-2500*time.Millisecond)
+		}
+
+		// Redis lost the record; a new attempt's commit meets a row older
+		// than the retention (Prune has not reached it yet): the caller
+		// gets the outcome, and the record expires at once.
+		b.Do(t, "DEL", "idem:{late}")
+		l.age.Store(int64(time.Hour))
+		if got, err := c.Do(ctx, "late", "fp", func(ctx context.Context) ([]byte, error) {
+			return []byte("second"), commit(ctx, l, []byte("second"))
+		}); err != nil || string(got) != "receipt" {
+			t.Fatalf("after Redis lost the record: %q, %v; want the recorded receipt", got, err)
+		}
+		if n, _ := b.Do(t, "PTTL", "idem:{late}").(int64); n > 10 {
+			t.Fatalf("a record finished from a row past the retention lives %d ms; want it gone at once", n)
+		}
+		if l.changes("late") != 0 {
+			t.Fatalf("the business change applied %d times after the dead owner's", l.changes("late"))
+		}
+	})
+}
+
+// A ledger that cannot index long keys lowers the Client's key limit: a
+// longer key is refused before fn runs, and asking for more is refused at
+// New.
+func TestLedgerKeyLimit(t *testing.T) {
+	b := idemtest.Miniredis(t)
+	l := &limitedLedger{newMemLedger(), 100}
+	c := b.Idem(t, idem.WithLedger(l))
+	if got := c.MaxKeyLen(); got != 100 {
+		t.Fatalf("MaxKeyLen %d; want the ledger's 100", got)
+	}
+	_, err := c.Do(context.Background(), strings.Repeat("k", 101), "", l.fnFails(t))
+	if !errors.Is(err, idem.ErrInvalidKey) {
+		t.Fatalf("a 101-byte key: %v; want ErrInvalidKey", err)
+	}
+	if got := b.Idem(t, idem.WithLedger(l), idem.WithMaxKeyLen(50)).MaxKeyLen(); got != 50 {
+		t.Fatalf("MaxKeyLen %d; want 50, below the ledger's", got)
+	}
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "above the ledger's limit of 100") {
+			t.Fatalf("New with WithMaxKeyLen(200) and a ledger of 100: %v; want a panic naming the limit", r)
+		}
+	}()
+	idem.New(b.Client(t), idem.WithLedger(l), idem.WithMaxKeyLen(200))
+}
+
+type limitedLedger struct {
+	*memLedger
+	max int
+}
+
+func (l *limitedLedger) MaxKeyLen() int { return l.max }

@@ -22,6 +22,7 @@ type config struct {
 	pollInterval  time.Duration
 	storeTimeout  time.Duration
 	maxKeyLen     int
+	maxKeyLenSet  bool // by WithMaxKeyLen, not the default
 	maxResultSize int
 	logger        *slog.Logger
 	replicas      int           // WAIT for this many replicas after claims and outcomes; 0 = do not wait
@@ -63,6 +64,16 @@ func (c *config) problem(format string, args ...any) {
 func (c *config) validate() error {
 	if c.lease > c.retention {
 		c.problem("WithLease(%v) is longer than WithRetention(%v): a record would expire under a live lease", c.lease, c.retention)
+	}
+	if c.ledger != nil {
+		// A key the ledger cannot index would be retried for ever: refuse
+		// it before fn runs.
+		if max := c.ledger.MaxKeyLen(); max > 0 && c.maxKeyLen > max {
+			if c.maxKeyLenSet {
+				c.problem("WithMaxKeyLen(%d) is above the ledger's limit of %d bytes (%T.MaxKeyLen)", c.maxKeyLen, max, c.ledger)
+			}
+			c.maxKeyLen = max
+		}
 	}
 	if len(c.problems) > 0 {
 		return fmt.Errorf("idem: invalid options: %s", strings.Join(c.problems, "; "))
@@ -153,15 +164,16 @@ func WithStoreTimeout(d time.Duration) Option {
 }
 
 // WithMaxKeyLen sets the longest key, in bytes, that Do accepts; longer keys
-// get ErrInvalidKey. It must be between 1 and 65536.
-// The default is 512.
+// get ErrInvalidKey. It must be between 1 and 65536, and, with a ledger
+// (WithLedger), at most the ledger's own limit (Ledger.MaxKeyLen).
+// The default is 512, or the ledger's limit if that is lower.
 func WithMaxKeyLen(n int) Option {
 	return func(c *config) {
 		if n < 1 || n > 1<<16 {
 			c.problem("WithMaxKeyLen(%d): must be between 1 and 65536", n)
 			return
 		}
-		c.maxKeyLen = n
+		c.maxKeyLen, c.maxKeyLenSet = n, true
 	}
 }
 
@@ -247,12 +259,17 @@ func WithPipelines(n int) Option {
 }
 
 // WithLedger records outcomes in l as well as in Redis: fn commits its
-// outcome in the transaction of its business change through l's helper
-// (idemsql.Commit), and the ledger's unique key decides which attempt's
-// change stands, even with two live owners or after Redis lost a record.
-// On a takeover (attempt above 1) the Client looks the key up in l before
-// fn, and a recorded outcome is returned, and stored in Redis, without
-// running fn. A fresh key costs no lookup (see WithLedgerLookups).
+// outcome in the transaction of its business change through l's driver
+// (idemsql.Commit, idempgx.Commit), and the ledger's unique key decides
+// which attempt's change stands, even with two live owners or after Redis
+// lost a record. On a takeover (attempt above 1) the Client looks the key
+// up in l before fn, and a recorded outcome is returned, and stored in
+// Redis, without running fn. A fresh key costs no lookup (see
+// WithLedgerLookups). With a ledger, a record's retention counts from the
+// commit of its outcome: a record finished from a ledger row expires when
+// the row is the retention old (see Entry.Age), so a ledger pruned of rows
+// older than the retention keeps every row whose record Redis holds. The
+// Client's key limit is lowered to the ledger's (Ledger.MaxKeyLen).
 // The default is no ledger.
 func WithLedger(l Ledger) Option {
 	return func(c *config) {

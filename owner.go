@@ -38,9 +38,9 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	fctx := &o.fctx
 	fctx.deadline.Store(deadline)
 	fctx.steps.init(c, cl.key, cl.keys[0], cl.token, cl.n)
-	var p *Pending
+	var p *pending
 	if c.cfg.ledger != nil {
-		p = &Pending{key: cl.key, fp: cl.fp, n: cl.n, maxResult: c.cfg.maxResultSize, ledger: c.cfg.ledger}
+		p = &pending{key: cl.key, fp: cl.fp, n: cl.n, maxResult: c.cfg.maxResultSize, ledger: c.cfg.ledger}
 		fctx.pending = p
 	}
 	o.lease = renewal{ctx: fctx, due: monoBase.Add(time.Duration(deadline) - 2*c.renewals.every)}
@@ -62,27 +62,27 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 		}
 	}()
 	var (
-		recorded *Entry // the outcome the ledger holds, if it decided
-		lerr     error  // the ledger's lookup failed
+		recorded decision // the outcome the ledger holds, if it decided
+		lerr     error    // the ledger's lookup failed
 	)
 	if p != nil && (cl.n > 1 || c.cfg.ledgerLookups) {
 		// A takeover: an earlier attempt may have committed.
 		recorded, lerr = cl.lookup(fctx)
-		if recorded == nil && lerr == nil {
+		if recorded.e == nil && lerr == nil {
 			lerr = cl.leftAfterLookup(fctx)
 		}
 	}
-	if recorded == nil && lerr == nil {
+	if recorded.e == nil && lerr == nil {
 		res, err = cl.fn(fctx)
 	}
 	returned = true
 	fctx.steps.end()
 	c.renewals.stop(&o.lease)
 	if p != nil {
-		e, mine, v, undecided := p.close()
-		if e != nil {
-			res, retry, err = cl.finishFromLedger(ctx, e, mine, err)
-			if ferr, ok := v.(error); ok && mine && e.Failed {
+		d, undecided := p.close()
+		if d.e != nil {
+			res, retry, err = cl.finishFromLedger(ctx, d, err)
+			if ferr, ok := d.v.(error); ok && d.mine && d.e.Failed {
 				err = ferr // the owner's own error, as without a ledger
 			}
 			return res, retry, err
@@ -100,8 +100,8 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 		cl.observeRelease(fctx)
 		cl.release(ctx, false)
 		return nil, true, lerr
-	case recorded != nil:
-		return cl.finishFromLedger(ctx, recorded, false, nil)
+	case recorded.e != nil:
+		return cl.finishFromLedger(ctx, recorded, nil)
 	}
 
 	if err != nil && !IsPermanent(err) {
@@ -121,7 +121,7 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	default:
 		record, free = finishedRecord(recordDone, cl.fp, cl.token, cl.n, res)
 	}
-	serr := cl.complete(ctx, record, free)
+	serr := cl.complete(ctx, record, free, c.retentionMs)
 	cl.observeStored(serr, err)
 	if serr != nil {
 		if err != nil {
@@ -134,18 +134,19 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 
 // lookup reads the call's outcome from the ledger, for an owner about to
 // run fn.
-func (cl *call) lookup(ctx context.Context) (*Entry, error) {
+func (cl *call) lookup(ctx context.Context) (decision, error) {
+	start := mono()
 	e, ok, err := cl.c.cfg.ledger.Lookup(ctx, cl.key)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("idem: key %q: ledger lookup (fn did not run): %w", cl.key, err)
+		return decision{}, fmt.Errorf("idem: key %q: ledger lookup (fn did not run): %w", cl.key, err)
 	case !ok:
-		return nil, nil
+		return decision{}, nil
 	}
 	if err := checkEntry(cl.key, &e); err != nil {
-		return nil, fmt.Errorf("%w (fn did not run)", err)
+		return decision{}, fmt.Errorf("%w (fn did not run)", err)
 	}
-	return &e, nil
+	return decision{e: &e, since: start}, nil
 }
 
 // leftAfterLookup tells why fn must not start after a ledger lookup that
@@ -162,21 +163,25 @@ func (cl *call) leftAfterLookup(fctx *attemptCtx) error {
 	return nil
 }
 
-// finishFromLedger finishes the record of the call's attempt from e, the
-// outcome the ledger holds for its key (this call's own commit when mine),
-// and returns that outcome: the ledger is the truth, whatever fn returned
-// (fnErr). When the record cannot be finished, the claim is given back:
-// the next caller takes over, finds e in the ledger and finishes it.
-func (cl *call) finishFromLedger(ctx context.Context, e *Entry, mine bool, fnErr error) (res []byte, retry bool, err error) {
+// finishFromLedger finishes the record of the call's attempt from d, the
+// outcome the ledger holds for its key (this call's own commit when
+// d.mine), and returns that outcome: the ledger is the truth, whatever fn
+// returned (fnErr). The record expires when the ledger's row is the
+// retention old (ledgerTTL). When the record cannot be finished, the claim
+// is given back: the next caller takes over, finds the row in the ledger
+// and finishes it.
+func (cl *call) finishFromLedger(ctx context.Context, d decision, fnErr error) (res []byte, retry bool, err error) {
+	e, mine := d.e, d.mine
 	record, free := ledgerRecord(e, cl.token, cl.n)
-	serr := cl.complete(ctx, record, free)
+	ttl := ledgerTTL(cl.c.cfg.retention, e, d.since).Milliseconds()
+	serr := cl.complete(ctx, record, free, ttl)
 	if serr != nil && !errors.Is(serr, ErrLeaseLost) {
 		cl.release(ctx, false)
 	}
 	if mine && !e.Failed && fnErr != nil {
 		cl.c.warnKey(ctx, "idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands", cl.key, fnErr)
 	}
-	cl.observeLedger(mine, e.Failed, conflicts(cl.fp, e.Fingerprint))
+	cl.observeLedger(mine, e.Failed, conflicts(cl.fp, e.FingerprintDigest))
 	res, err = ledgerOutcome(cl.key, cl.fp, e)
 	return res, false, err
 }
@@ -188,7 +193,7 @@ func (cl *call) finishFromLedger(ctx context.Context, e *Entry, mine bool, fnErr
 // pipeline under way that may still send the record (see
 // pipeline.InFlight): that buffer is left to the garbage collector, for
 // another record written into it would be sent as this one.
-func (cl *call) complete(ctx context.Context, record []byte, free func()) error {
+func (cl *call) complete(ctx context.Context, record []byte, free func(), ttlMs any) error {
 	c := cl.c
 	dctx := c.bounds.detached(ctx)
 	sending := false // a pipeline under way may still send record
@@ -199,7 +204,7 @@ func (cl *call) complete(ctx context.Context, record []byte, free func()) error 
 	}()
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := cl.completeScript(dctx, record).Int64()
+		n, err := cl.completeScript(dctx, record, ttlMs).Int64()
 		if pipeline.InFlight(err) != nil {
 			sending = true
 		}
@@ -294,14 +299,15 @@ func (cl *call) giveBack(ctx context.Context, cause error) {
 // maxBackgroundReleases bounds the releases under way at once in a Client.
 const maxBackgroundReleases = 1024
 
-// completeScript runs lua/complete.lua once for the call's claim, with the
-// tombstone's arguments when the Client leaves tombstones.
-func (cl *call) completeScript(ctx context.Context, record []byte) *redis.Cmd {
+// completeScript runs lua/complete.lua once for the call's claim, the
+// record to live ttlMs (milliseconds, boxed), with the tombstone's
+// arguments when the Client leaves tombstones.
+func (cl *call) completeScript(ctx context.Context, record []byte, ttlMs any) *redis.Cmd {
 	c, keys := cl.c, cl.keys
 	if !c.tomb.on {
-		return c.write(ctx, completeScript, keys, cl.claimed, record, c.retentionMs, c.publish)
+		return c.write(ctx, completeScript, keys, cl.claimed, record, ttlMs, c.publish)
 	}
 	tkeys := []string{keys[0], keys[1], c.tomb.base(c.cfg.prefix, keys[0])}
-	return c.write(ctx, completeScript, tkeys, cl.claimed, record, c.retentionMs, c.publish,
+	return c.write(ctx, completeScript, tkeys, cl.claimed, record, ttlMs, c.publish,
 		tombstoneField(keys[0]), c.tomb.span, c.tomb.window)
 }

@@ -1,4 +1,6 @@
-// commit.go: recording an outcome in the transaction of its business change.
+// commit.go: recording an outcome in the transaction of its business
+// change: this package's idem.LedgerTx, and the typed helpers around
+// idem.Commit, which runs the protocol.
 
 package idemsql
 
@@ -25,18 +27,14 @@ import (
 // Client.Do, not encodable), Commit rolls tx back and says why: nothing is
 // committed. When tx's COMMIT itself fails, the error is returned as it
 // is, transient: the outcome counts only if the commit landed, which the
-// next attempt's lookup finds out.
+// next attempt's lookup finds out. Commit never needs a second connection
+// from db's pool while tx holds one.
 func Commit[T any](ctx context.Context, tx *sql.Tx, v T) error {
-	p, l, err := pending(ctx, tx)
+	t, err := ledgerTx(ctx, tx)
 	if err != nil {
 		return err
 	}
-	e, err := p.Entry(v)
-	if err != nil {
-		_ = tx.Rollback()
-		return fmt.Errorf("idemsql: Commit: nothing committed: %w", err)
-	}
-	return l.commit(ctx, tx, p, e, v)
+	return idem.Commit(ctx, t, v)
 }
 
 // CommitError records err as the permanent failure of the idem call that
@@ -48,105 +46,114 @@ func Commit[T any](ctx context.Context, tx *sql.Tx, v T) error {
 // permanent (idem.Permanent) once committed, or, as for Commit, the reason
 // nothing was committed. err must not be nil.
 func CommitError(ctx context.Context, tx *sql.Tx, err error) error {
-	if err == nil {
-		if tx != nil {
-			_ = tx.Rollback()
-		}
-		return errors.New("idemsql: CommitError with a nil error: nothing committed")
+	t, terr := ledgerTx(ctx, tx)
+	if terr != nil {
+		return terr
 	}
-	if !idem.IsPermanent(err) {
-		err = idem.Permanent(err)
-	}
-	p, l, perr := pending(ctx, tx)
-	if perr != nil {
-		return perr
-	}
-	e, perr := p.FailureEntry(err)
-	if perr != nil {
-		_ = tx.Rollback()
-		return fmt.Errorf("idemsql: CommitError: nothing committed: %w", perr)
-	}
-	if cerr := l.commit(ctx, tx, p, e, err); cerr != nil {
-		return cerr
-	}
-	return err
+	return idem.CommitError(ctx, t, err)
 }
 
-// pending returns the call of ctx and its ledger, or, after rolling tx
-// back, why Commit cannot record in it.
-func pending(ctx context.Context, tx *sql.Tx) (*idem.Pending, *Ledger, error) {
+// ledgerTx returns tx as the idem.LedgerTx of the Client's ledger, or,
+// after rolling tx back, why Commit cannot record in it.
+func ledgerTx(ctx context.Context, tx *sql.Tx) (*txn, error) {
 	if tx == nil {
-		return nil, nil, errors.New("idemsql: Commit with a nil tx")
+		return nil, errors.New("idemsql: Commit with a nil tx")
 	}
-	p, err := idem.PendingFrom(ctx)
+	l, err := idem.LedgerFrom(ctx)
 	if err != nil {
 		_ = tx.Rollback()
-		return nil, nil, fmt.Errorf("idemsql: Commit: nothing committed: %w", err)
+		return nil, fmt.Errorf("idemsql: Commit: nothing committed: %w", err)
 	}
-	l, ok := p.Ledger().(*Ledger)
-	if !ok || l == nil {
+	own, ok := l.(*Ledger)
+	if !ok || own == nil {
 		_ = tx.Rollback()
-		return nil, nil, fmt.Errorf("idemsql: Commit: the Client's ledger is a %T, not an *idemsql.Ledger: nothing committed", p.Ledger())
+		return nil, fmt.Errorf("idemsql: Commit: the Client's ledger is a %T, not an *idemsql.Ledger: nothing committed", l)
 	}
-	return p, l, nil
+	return &txn{l: own, tx: tx}, nil
 }
 
-// commit inserts e and commits tx; v is what e was made from. The ledger's
-// primary key decides: when the key has a row already, tx is rolled back
-// and the row becomes the call's outcome (Found).
-func (l *Ledger) commit(ctx context.Context, tx *sql.Tx, p *idem.Pending, e idem.Entry, v any) error {
-	id, err := l.databaseID(ctx)
+// txn is one of the user's transactions in the ledger's database: the
+// idem.LedgerTx that idem.Commit drives.
+type txn struct {
+	l  *Ledger
+	tx *sql.Tx
+}
+
+var _ idem.LedgerTx = (*txn)(nil)
+
+// Commit inserts e and commits the transaction. The ledger's primary key
+// decides: when the key has a row already, the row is read through the
+// transaction (it sees the row: the INSERT met it) and the transaction is
+// rolled back.
+func (t *txn) Commit(ctx context.Context, e idem.Entry) (idem.Entry, bool, error) {
+	l, tx := t.l, t.tx
+	id, err := l.databaseID(ctx, true)
 	if err != nil {
 		_ = tx.Rollback()
-		return fmt.Errorf("idemsql: Commit: nothing committed: %w", err)
+		return idem.Entry{}, false, fmt.Errorf("idemsql: nothing committed: %w", err)
 	}
-	r := row{key: e.Key, fingerprint: e.Fingerprint, attempt: e.Attempt, failed: e.Failed, outcome: e.Value}
+	r := row{key: e.Key, fingerprint: e.FingerprintDigest, attempt: e.Attempt, failed: e.Failed, outcome: e.Value}
 	added, err := l.insert(ctx, tx, r, id)
 	if err != nil {
 		_ = tx.Rollback()
-		return l.insertFailed(ctx, p, e.Key, err)
+		return l.insertFailed(ctx, e.Key, err)
 	}
 	if !added {
 		// The key has a row, or tx's database is another one (the insert
 		// copies the row only where it finds the ledger's database id).
 		if err := l.checkDatabase(ctx, tx, id); err != nil {
 			_ = tx.Rollback()
-			return fmt.Errorf("idemsql: Commit: nothing committed: %w", err)
+			return idem.Entry{}, false, fmt.Errorf("idemsql: nothing committed: %w", err)
 		}
+		found, ok, err := l.lookupIn(ctx, tx, e.Key)
 		_ = tx.Rollback()
-		// Read the row outside tx: under REPEATABLE READ or SERIALIZABLE
-		// tx's snapshot may not see it.
-		found, ok, err := l.lookup(ctx, e.Key)
 		switch {
 		case err != nil:
-			return fmt.Errorf("idemsql: Commit: the key has an outcome in the ledger already, which could not be read (nothing committed): %w", err)
+			return idem.Entry{}, false, fmt.Errorf("idemsql: the key has an outcome in the ledger already, which could not be read (nothing committed): %w", err)
 		case !ok:
-			return fmt.Errorf("idemsql: Commit: key %q: the ledger's row of the key was gone when read (pruned?); nothing committed", e.Key)
+			return idem.Entry{}, false, errors.New("idemsql: the ledger's row of the key was gone when read (pruned?); nothing committed")
 		}
-		return p.Found(found.entry())
+		return found.entry(), true, nil
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("idemsql: Commit: COMMIT failed, so the outcome counts only if it landed (the next attempt's lookup tells): %w", err)
+		return idem.Entry{}, false, fmt.Errorf("idemsql: COMMIT failed, so the outcome counts only if it landed (the next attempt's lookup tells): %w", err)
 	}
-	p.Committed(e, v)
-	return nil
+	return idem.Entry{}, false, nil
 }
 
+// Rollback rolls the transaction back.
+func (t *txn) Rollback(context.Context) error { return t.tx.Rollback() }
+
 // insertFailed explains the failed INSERT of key's row, tx rolled back.
-func (l *Ledger) insertFailed(ctx context.Context, p *idem.Pending, key string, err error) error {
-	if errors.Is(err, sql.ErrTxDone) {
-		return fmt.Errorf("idemsql: Commit: tx was already committed or rolled back: nothing recorded: %w", err)
-	}
-	if l.dialect.missing(err) {
-		return fmt.Errorf("idemsql: Commit: tx's database has no table %s or %s_meta: tx must be of the ledger's database (New's db), migrated (Migrate); nothing committed: %w", l.table, l.table, err)
+func (l *Ledger) insertFailed(ctx context.Context, key string, err error) (idem.Entry, bool, error) {
+	switch {
+	case errors.Is(err, sql.ErrTxDone):
+		return idem.Entry{}, false, fmt.Errorf("idemsql: tx was already committed or rolled back: nothing recorded: %w", err)
+	case l.dialect.missing(err):
+		return idem.Entry{}, false, fmt.Errorf("idemsql: tx's database has no table %s or %s_meta: tx must be of the ledger's database (New's db), migrated (Migrate); nothing committed: %w", l.table, l.table, err)
+	case l.dialect.permanent != nil && l.dialect.permanent(err):
+		// The same row gets the same answer at every attempt.
+		return idem.Entry{}, false, idem.Permanent(l.explain("record the outcome (nothing committed; the database refuses this row every time)", err))
 	}
 	// Under REPEATABLE READ or SERIALIZABLE, an INSERT that meets a row
 	// committed after tx began fails (a serialization failure) instead of
-	// doing nothing: the row, if there, is the outcome all the same.
-	if found, ok, lerr := l.lookup(ctx, key); lerr == nil && ok {
-		return p.Found(found.entry())
+	// doing nothing: the row, if there, is the outcome all the same. tx is
+	// over, so reading it takes a connection from the pool: only when one
+	// is free at once (tx's own, given back), never waiting for one that a
+	// caller holds (a tx on a *sql.Conn, a pool of one).
+	if l.poolHasRoom() {
+		if found, ok, lerr := l.lookup(ctx, key); lerr == nil && ok {
+			return found.entry(), true, nil
+		}
 	}
-	return l.explain("Commit: record the outcome (nothing committed)", err)
+	return idem.Entry{}, false, l.explain("record the outcome (nothing committed)", err)
+}
+
+// poolHasRoom reports whether the ledger's pool can give a connection
+// without waiting for one in use.
+func (l *Ledger) poolHasRoom() bool {
+	st := l.db.Stats()
+	return st.Idle > 0 || st.MaxOpenConnections == 0 || st.OpenConnections < st.MaxOpenConnections
 }
 
 // Lookup returns the outcome recorded for key, and false when none is. The
@@ -159,8 +166,13 @@ func (l *Ledger) Lookup(ctx context.Context, key string) (idem.Entry, bool, erro
 	return r.entry(), true, nil
 }
 
+// MaxKeyLen returns the longest key the ledger's table can index, in
+// bytes, or 0 when the dialect sets no limit (SQLite): the Client refuses
+// a longer key before fn runs (see idem.Ledger).
+func (l *Ledger) MaxKeyLen() int { return l.dialect.maxKeyLen }
+
 var _ idem.Ledger = (*Ledger)(nil)
 
 func (r row) entry() idem.Entry {
-	return idem.Entry{Key: r.key, Fingerprint: r.fingerprint, Attempt: r.attempt, Failed: r.failed, Value: r.outcome}
+	return idem.Entry{Key: r.key, FingerprintDigest: r.fingerprint, Attempt: r.attempt, Failed: r.failed, Value: r.outcome, Age: r.age}
 }

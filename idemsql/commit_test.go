@@ -157,7 +157,7 @@ func TestOutcomes(t *testing.T) {
 				t.Errorf("%d movements, want 1", n)
 			}
 			var e idem.Entry = b.entry(t, "typed")
-			if e.Failed || e.Attempt != 1 || len(e.Fingerprint) != 16 {
+			if e.Failed || e.Attempt != 1 || len(e.FingerprintDigest) != 16 {
 				t.Errorf("ledger entry %+v, want attempt 1, a 16-byte fingerprint, not failed", e)
 			}
 		})
@@ -183,7 +183,7 @@ func TestOutcomes(t *testing.T) {
 					t.Errorf("%s: %q, %v; want %q", when, got, err, want)
 				}
 			}
-			if e := b.entry(t, "bytes"); string(e.Value) != string(want) || e.Fingerprint != "" {
+			if e := b.entry(t, "bytes"); string(e.Value) != string(want) || e.FingerprintDigest != "" {
 				t.Errorf("ledger entry %+v, want the raw bytes and no fingerprint", e)
 			}
 			if n := b.movements(t, "bytes"); n != 1 {
@@ -491,3 +491,5 @@ type fakeLedger struct{}
 func (fakeLedger) Lookup(context.Context, string) (idem.Entry, bool, error) {
 	return idem.Entry{}, false, nil
 }
+
+func (fakeLedger) MaxKeyLen() int { return 0 }

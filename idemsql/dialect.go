@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // A Dialect is the SQL of one database system: its column types,
@@ -35,7 +34,16 @@ var (
 		boolean:     "boolean",
 		integer:     "bigint",
 		timestamp:   "timestamptz",
-		stamp:       func(t time.Time) any { return t },
+		// The start of the INSERT's statement: after Commit began, so a
+		// row is never older than the record finished from it thinks.
+		clock:     "statement_timestamp()",
+		ageMicros: "(extract(epoch FROM statement_timestamp() - recorded_at) * 1000000)::bigint",
+		before:    func(p string) string { return "statement_timestamp() - " + p + " * interval '1 microsecond'" },
+		// A B-tree entry of PostgreSQL holds at most about 2,700 bytes (a
+		// third of a page): keys up to 2 KiB leave room for its header and
+		// whatever the page needs.
+		maxKeyLen:   2048,
+		permanent:   pgPermanent,
 		missing:     pgMissing,
 		migrateLock: "SELECT pg_advisory_xact_lock(hashtext($1))",
 		// BRIN: rows arrive in about the order of their times, and a BRIN
@@ -56,10 +64,15 @@ var (
 		boolean:     "integer",
 		integer:     "integer",
 		timestamp:   "integer",
-		stamp:       func(t time.Time) any { return t.UnixMilli() },
-		missing:     func(err error) bool { return strings.Contains(err.Error(), "no such table") },
-		timeIndex:   "(recorded_at)",
-		busy:        sqliteBusy,
+		// SQLite's clock, in Unix milliseconds; 'now' is one moment within
+		// a statement.
+		clock:     sqliteNow,
+		ageMicros: "(" + sqliteNow + " - recorded_at) * 1000",
+		before:    func(p string) string { return sqliteNow + " - " + p + " / 1000" },
+		permanent: sqliteTooBig,
+		missing:   func(err error) bool { return strings.Contains(err.Error(), "no such table") },
+		timeIndex: "(recorded_at)",
+		busy:      sqliteBusy,
 	}}
 )
 
@@ -72,8 +85,18 @@ type dialect struct {
 	placeholder func(i int, typ string) string
 	// Column types.
 	blob, boolean, integer, timestamp string
-	// stamp converts a recording time into the parameter its column takes.
-	stamp func(time.Time) any
+	// clock is the database's current time as the recorded_at column holds
+	// it; ageMicros, the age of a row's recorded_at by that clock, in
+	// microseconds; before(p), the recorded_at of a row that is p
+	// microseconds old (p is a parameter of type integer).
+	clock, ageMicros string
+	before           func(p string) string
+	// maxKeyLen is the longest key the key column can index, in bytes; 0:
+	// no limit of its own.
+	maxKeyLen int
+	// permanent reports whether err is one the database will repeat
+	// whatever the attempt (a value too large for it).
+	permanent func(error) bool
 	// missing reports whether err says that a table does not exist.
 	missing func(error) bool
 	// timeIndex is the index method and columns of the index Prune uses.
@@ -98,6 +121,26 @@ func sqlState(err error) string {
 		return s.SQLState()
 	}
 	return ""
+}
+
+// pgPermanent reports an error of class 54 (program_limit_exceeded: an
+// index row or a statement too large) or a value too long for its type
+// (22001): the database gives the same answer to the same row every time.
+func pgPermanent(err error) bool {
+	s := sqlState(err)
+	return strings.HasPrefix(s, "54") || s == "22001"
+}
+
+// sqliteNow is SQLite's clock in Unix milliseconds.
+const sqliteNow = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)"
+
+// sqliteTooBig reports SQLITE_TOOBIG (18): a row over SQLite's limit.
+func sqliteTooBig(err error) bool {
+	var c interface{ Code() int }
+	if errors.As(err, &c) {
+		return c.Code()&0xff == 18
+	}
+	return strings.Contains(err.Error(), "string or blob too big")
 }
 
 // pgMissing reports an undefined_table error (42P01).
@@ -154,11 +197,11 @@ func (d *dialect) statements(table string) statements {
 		selectMeta: "SELECT database_id FROM " + meta + " WHERE one = 1",
 		insert: "INSERT INTO " + table + " (idem_key, fingerprint, attempt, failed, outcome, recorded_at)\n" +
 			"SELECT " + blob(1) + ", " + blob(2) + ", " + d.placeholder(3, d.integer) + ", " +
-			d.placeholder(4, d.boolean) + ", " + blob(5) + ", " + d.placeholder(6, d.timestamp) +
-			" FROM " + meta + " WHERE one = 1 AND database_id = " + blob(7) + "\n" +
+			d.placeholder(4, d.boolean) + ", " + blob(5) + ", " + d.clock +
+			" FROM " + meta + " WHERE one = 1 AND database_id = " + blob(6) + "\n" +
 			"ON CONFLICT (idem_key) DO NOTHING",
-		lookup: "SELECT fingerprint, attempt, failed, outcome FROM " + table + " WHERE idem_key = " + blob(1),
+		lookup: "SELECT fingerprint, attempt, failed, outcome, " + d.ageMicros + " FROM " + table + " WHERE idem_key = " + blob(1),
 		prune: "DELETE FROM " + table + " WHERE idem_key IN (SELECT idem_key FROM " + table +
-			" WHERE recorded_at < " + d.placeholder(1, d.timestamp) + " LIMIT " + strconv.Itoa(pruneBatch) + ")",
+			" WHERE recorded_at < " + d.before(d.placeholder(1, d.integer)) + " LIMIT " + strconv.Itoa(pruneBatch) + ")",
 	}
 }

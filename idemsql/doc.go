@@ -64,13 +64,23 @@
 // idem_ledger_meta, one row holding a random id of the database. Commit
 // writes only where it finds that id, so a tx of another database is
 // refused, even one with a ledger of its own (a copy of the database, id
-// included, is not told apart). Prune deletes rows older than a time: keep
-// them at least as long as the Client's retention (idem.WithRetention).
+// included, is not told apart). recorded_at is the database's clock, not
+// the host's. Prune deletes rows older than a time: keep them at least as
+// long as the Client's retention, Prune(ctx, time.Now().Add(-retention)) —
+// a record the Client finishes from a row expires when the row is that old
+// (idem.Entry.Age), so the rule holds. docs/operating.md says how often to
+// prune and what a row costs.
 //
-// Any isolation level works. Under REPEATABLE READ or SERIALIZABLE an
-// INSERT that meets a row committed after tx began fails instead of doing
-// nothing; Commit then reads the row and returns the recorded outcome as
-// it would have.
+// Keys are bytes; on PostgreSQL, at most 2 KiB (a B-tree entry's limit):
+// the Client refuses a longer key before fn runs (Ledger.MaxKeyLen).
+//
+// Any isolation level works. When Commit meets the key's row, it reads the
+// row through tx before rolling it back. Under REPEATABLE READ or
+// SERIALIZABLE an INSERT that meets a row committed after tx began fails
+// instead (a serialization failure); Commit then reads the row from db and
+// returns the recorded outcome as it would have, if db's pool has a
+// connection free at once, and otherwise returns the error as transient:
+// the next attempt's lookup finds the outcome.
 //
 // # SQLite
 //
@@ -96,7 +106,9 @@
 // turn, instead of in SQLite's busy handler, whose waits grow to 100ms. In
 // BenchmarkLedger, 16 goroutines debiting through a pool of connections
 // took 20 to 40 times longer a debit than through one. Commit needs no
-// second connection while fn's transaction holds the only one (Migrate
-// reads what Commit needs), and the Client's lookups run before fn; but fn
-// must not use db outside its transaction while it holds one.
+// second connection while fn's transaction holds the only one, also for a
+// transaction on a *sql.Conn; Migrate reads what Commit needs, so run it in
+// every process (a Commit before it fails at once, saying so, rather than
+// wait). The Client's lookups run before fn; but fn must not use db outside
+// its transaction while it holds one.
 package idemsql

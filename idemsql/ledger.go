@@ -22,7 +22,6 @@ type Ledger struct {
 	dialect *dialect
 	table   string
 	sql     statements
-	now     func() time.Time
 
 	mu sync.Mutex // guards id
 	id []byte     // the database's marker, once read; nil before
@@ -33,7 +32,6 @@ type Option func(*config)
 
 type config struct {
 	table    string
-	now      func() time.Time
 	problems []string
 }
 
@@ -55,17 +53,12 @@ func WithTable(name string) Option {
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
 
-// withClock sets the clock of the recording times; tests use it.
-func withClock(now func() time.Time) Option {
-	return func(c *config) { c.now = now }
-}
-
 // New returns the ledger kept in db, in the SQL of d. It does not touch
 // the database: call Migrate once (at start-up) to create its tables.
 // New panics if db is nil, d is the zero Dialect or an option is invalid,
 // as those are programming errors.
 func New(db *sql.DB, d Dialect, opts ...Option) *Ledger {
-	cfg := config{table: "idem_ledger", now: time.Now}
+	cfg := config{table: "idem_ledger"}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -78,7 +71,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) *Ledger {
 	if len(cfg.problems) > 0 {
 		panic("idemsql: New: " + strings.Join(cfg.problems, "; "))
 	}
-	return &Ledger{db: db, dialect: d.d, table: cfg.table, sql: d.d.statements(cfg.table), now: cfg.now}
+	return &Ledger{db: db, dialect: d.d, table: cfg.table, sql: d.d.statements(cfg.table)}
 }
 
 // Table returns the name of the ledger's table.
@@ -91,13 +84,25 @@ type row struct {
 	attempt     int64
 	failed      bool
 	outcome     []byte
+	age         time.Duration // by the database's clock, when read
+}
+
+// querier is what reads take: the ledger's db, or the user's tx.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // lookup reads key's row from the ledger's database.
 func (l *Ledger) lookup(ctx context.Context, key string) (row, bool, error) {
+	return l.lookupIn(ctx, l.db, key)
+}
+
+// lookupIn reads key's row through q.
+func (l *Ledger) lookupIn(ctx context.Context, q querier, key string) (row, bool, error) {
 	r := row{key: key}
 	var fp []byte
-	err := l.db.QueryRowContext(ctx, l.sql.lookup, []byte(key)).Scan(&fp, &r.attempt, &r.failed, &r.outcome)
+	var micros int64
+	err := q.QueryRowContext(ctx, l.sql.lookup, []byte(key)).Scan(&fp, &r.attempt, &r.failed, &r.outcome, &micros)
 	if errors.Is(err, sql.ErrNoRows) {
 		return row{}, false, nil
 	}
@@ -105,6 +110,7 @@ func (l *Ledger) lookup(ctx context.Context, key string) (row, bool, error) {
 		return row{}, false, l.explain("look up a key", err)
 	}
 	r.fingerprint = string(fp)
+	r.age = max(time.Duration(micros)*time.Microsecond, 0) // clocks step back
 	if r.outcome == nil {
 		r.outcome = []byte{}
 	}
@@ -112,15 +118,24 @@ func (l *Ledger) lookup(ctx context.Context, key string) (row, bool, error) {
 }
 
 // databaseID returns the marker of the ledger's database, which Migrate
-// wrote; it is read once and kept.
-func (l *Ledger) databaseID(ctx context.Context) ([]byte, error) {
+// wrote; it is read once, from the ledger's db, and kept. Inside fn (inTx),
+// a pool with no connection free at once (a pool of one, held by fn's
+// transaction) is not waited for: the read fails at once, naming the fix.
+// It cannot be read through fn's transaction instead: that would take the
+// id of whatever database the transaction is of, and the check that it is
+// the ledger's would pass whatever it is.
+func (l *Ledger) databaseID(ctx context.Context, inTx bool) ([]byte, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.id != nil {
 		return l.id, nil
 	}
+	if inTx && !l.poolHasRoom() {
+		return nil, fmt.Errorf("idemsql: the ledger has not read its database's id yet, and fn's transaction holds the pool's only free connection: call Migrate once at start-up, in every process (it reads the id), before the first Commit")
+	}
+	q := l.db
 	var id []byte
-	err := l.db.QueryRowContext(ctx, l.sql.selectMeta).Scan(&id)
+	err := q.QueryRowContext(ctx, l.sql.selectMeta).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) || (err != nil && l.dialect.missing(err)) {
 		return nil, fmt.Errorf("idemsql: the ledger's database has no %s_meta table or row: call Migrate first", l.table)
 	}

@@ -41,24 +41,32 @@ func (l *Ledger) Migrate(ctx context.Context) error {
 	}
 	// Read the id now, so that Commit need not: it would take a second
 	// connection while fn's transaction holds one.
-	_, err = l.databaseID(ctx)
+	_, err = l.databaseID(ctx, false)
 	return err
 }
 
 // Prune deletes the rows recorded before before and returns how many it
 // deleted. A row is what keeps an outcome exactly-once when Redis has lost
 // its record: keep rows at least as long as the Client's retention
-// (idem.WithRetention), and longer than the latest retry you accept.
-// Prune deletes in batches of 1000 rows, each in its own statement, so
-// that it never holds the table's locks for long; an error stops it, with
-// the count deleted so far.
+// (idem.WithRetention), Prune(ctx, time.Now().Add(-retention)), and longer
+// than the latest retry you accept. The rule holds because a record that
+// the Client finishes from a row expires when the row is the retention
+// old (see idem.Entry.Age).
+//
+// Rows are dated by the database's clock, and so is the cutoff: Prune
+// turns before into an age (time.Since(before)) and deletes the rows older
+// than that by the database's clock, so a host clock that is off does not
+// move the cutoff. Prune deletes in batches of 1000 rows, each in its own
+// statement, so that it never holds the table's locks for long; an error
+// stops it, with the count deleted so far.
 func (l *Ledger) Prune(ctx context.Context, before time.Time) (int64, error) {
 	if before.IsZero() {
 		return 0, errors.New("idemsql: Prune: before is the zero time")
 	}
+	age := time.Since(before).Microseconds()
 	var total int64
 	for {
-		res, err := l.db.ExecContext(ctx, l.sql.prune, l.dialect.stamp(before))
+		res, err := l.db.ExecContext(ctx, l.sql.prune, age)
 		if err != nil {
 			return total, l.explain("prune", err)
 		}
@@ -86,7 +94,7 @@ func (l *Ledger) insert(ctx context.Context, tx *sql.Tx, r row, id []byte) (bool
 	if outcome == nil {
 		outcome = []byte{}
 	}
-	res, err := tx.ExecContext(ctx, l.sql.insert, []byte(r.key), fp, r.attempt, r.failed, outcome, l.dialect.stamp(l.now()), id)
+	res, err := tx.ExecContext(ctx, l.sql.insert, []byte(r.key), fp, r.attempt, r.failed, outcome, id)
 	if err != nil {
 		return false, err
 	}

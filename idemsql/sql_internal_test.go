@@ -3,12 +3,15 @@ package idemsql
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql/internal/servertest"
 )
 
@@ -49,7 +52,7 @@ func migrated(t testing.TB, b backend, opts ...Option) *Ledger {
 func insertRow(t testing.TB, l *Ledger, r row) bool {
 	t.Helper()
 	ctx := context.Background()
-	id, err := l.databaseID(ctx)
+	id, err := l.databaseID(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +129,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 			t.Fatalf("concurrent Migrates: %v", err)
 		}
 		l := New(db, b.dialect)
-		id, err := l.databaseID(ctx)
+		id, err := l.databaseID(ctx, false)
 		if err != nil || len(id) != 16 {
 			t.Fatalf("database id after Migrate: %x, %v", id, err)
 		}
@@ -136,7 +139,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 			t.Fatal(err)
 		}
 		l2 := New(db, b.dialect)
-		id2, _ := l2.databaseID(ctx)
+		id2, _ := l2.databaseID(ctx, false)
 		if !bytes.Equal(id, id2) {
 			t.Errorf("Migrate changed the database id: %x, then %x", id, id2)
 		}
@@ -202,7 +205,7 @@ func TestUnmigrated(t *testing.T) {
 		if _, _, err := l.lookup(ctx, "k"); err == nil || !strings.Contains(err.Error(), "call Migrate") {
 			t.Errorf("lookup before Migrate: %v, want an error saying to call Migrate", err)
 		}
-		if _, err := l.databaseID(ctx); err == nil || !strings.Contains(err.Error(), "call Migrate") {
+		if _, err := l.databaseID(ctx, false); err == nil || !strings.Contains(err.Error(), "call Migrate") {
 			t.Errorf("database id before Migrate: %v, want an error saying to call Migrate", err)
 		}
 		if _, err := l.Prune(ctx, time.Now()); err == nil || !strings.Contains(err.Error(), "call Migrate") {
@@ -214,22 +217,27 @@ func TestUnmigrated(t *testing.T) {
 func TestPrune(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		base := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-		var now time.Time
-		l := migrated(t, b, withClock(func() time.Time { return now }))
-		// 2,500 old rows (more than two batches) and 10 new ones.
+		l := migrated(t, b)
+		// 2,500 rows two hours old (more than two batches), 10 rows
+		// 59 minutes old and 10 new ones, dated by the database's clock.
 		const old = 2*pruneBatch + 500
-		id, _ := l.databaseID(ctx)
+		insert := "INSERT INTO " + l.table + " (idem_key, fingerprint, attempt, failed, outcome, recorded_at) VALUES (" +
+			l.dialect.placeholder(1, l.dialect.blob) + ", " + l.dialect.placeholder(2, l.dialect.blob) + ", 1, " +
+			l.dialect.placeholder(3, l.dialect.boolean) + ", " + l.dialect.placeholder(4, l.dialect.blob) + ", " +
+			l.dialect.before(l.dialect.placeholder(5, l.dialect.integer)) + ")"
 		tx, err := l.db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i := range old + 10 {
-			now = base.Add(time.Duration(i) * time.Millisecond)
-			if i >= old {
-				now = base.Add(time.Hour)
+		for i := range old + 20 {
+			age := 2 * time.Hour
+			switch {
+			case i >= old+10:
+				age = 0
+			case i >= old:
+				age = 59 * time.Minute
 			}
-			if _, err := l.insert(ctx, tx, row{key: "k" + time.Duration(i).String(), attempt: 1, outcome: []byte("v")}, id); err != nil {
+			if _, err := tx.ExecContext(ctx, insert, []byte(fmt.Sprint("k", i)), []byte{}, false, []byte("v"), age.Microseconds()); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -239,19 +247,50 @@ func TestPrune(t *testing.T) {
 		if _, err := l.Prune(ctx, time.Time{}); err == nil {
 			t.Error("Prune with the zero time did not fail")
 		}
-		n, err := l.Prune(ctx, base.Add(time.Minute))
+		n, err := l.Prune(ctx, time.Now().Add(-time.Hour))
 		if err != nil || n != old {
-			t.Fatalf("Prune = %d, %v; want %d", n, err, old)
+			t.Fatalf("Prune of rows over an hour old = %d, %v; want %d", n, err, old)
 		}
-		if n, err := l.Prune(ctx, base.Add(time.Minute)); err != nil || n != 0 {
+		if n, err := l.Prune(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
 			t.Errorf("second Prune = %d, %v; want 0", n, err)
 		}
-		// The bound is exclusive: a row recorded at before stays.
-		if n, err := l.Prune(ctx, base.Add(time.Hour)); err != nil || n != 0 {
-			t.Errorf("Prune at the new rows' time = %d, %v; want 0", n, err)
+		if n, err := l.Prune(ctx, time.Now().Add(-30*time.Minute)); err != nil || n != 10 {
+			t.Errorf("Prune of rows over 30 minutes old = %d, %v; want the 10 of 59 minutes", n, err)
 		}
-		if n, err := l.Prune(ctx, base.Add(time.Hour+time.Millisecond)); err != nil || n != 10 {
-			t.Errorf("Prune after the new rows = %d, %v; want 10", n, err)
+		if n, err := l.Prune(ctx, time.Now().Add(time.Minute)); err != nil || n != 10 {
+			t.Errorf("Prune of everything = %d, %v; want the 10 new rows", n, err)
+		}
+	})
+}
+
+// recorded_at and Lookup's Age come from the database's clock, not the
+// host's: a row recorded now is a few milliseconds old, whatever the host
+// says the time is.
+func TestAgeByTheDatabasesClock(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		l := migrated(t, b)
+		id, err := l.databaseID(ctx, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := l.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.insert(ctx, tx, row{key: "k", attempt: 1, outcome: []byte("v")}, id); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		e, ok, err := l.Lookup(ctx, "k")
+		if err != nil || !ok {
+			t.Fatalf("Lookup: %v, %v", ok, err)
+		}
+		if e.Age < 10*time.Millisecond || e.Age > time.Minute {
+			t.Fatalf("Age %v of a row recorded 20 ms ago; want about that", e.Age)
 		}
 	})
 }
@@ -261,7 +300,7 @@ func TestOtherDatabase(t *testing.T) {
 		ctx := context.Background()
 		l := migrated(t, b)
 		other := migrated(t, b) // another database with a ledger of its own
-		id, _ := l.databaseID(ctx)
+		id, _ := l.databaseID(ctx, false)
 		tx, err := other.db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -306,7 +345,7 @@ func TestCommitNeedsNoSecondConnection(t *testing.T) {
 		defer tx.Rollback()
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		id, err := l.databaseID(ctx)
+		id, err := l.databaseID(ctx, false)
 		if err != nil {
 			t.Fatalf("database id while a transaction holds the only connection: %v", err)
 		}
@@ -314,4 +353,34 @@ func TestCommitNeedsNoSecondConnection(t *testing.T) {
 			t.Fatalf("insert: %v, %v", added, err)
 		}
 	})
+}
+
+// An error the database will repeat whatever the attempt (a key too large
+// for PostgreSQL's B-tree, SQLSTATE 54000) is permanent: the outcome is a
+// stored failure, not a transient error retried at every attempt. The
+// Client's key limit (MaxKeyLen) keeps such keys out; this is the ledger's
+// answer when one reaches it all the same.
+func TestRepeatedDatabaseErrorIsPermanent(t *testing.T) {
+	for _, b := range backends() {
+		if b.Name != "postgres" {
+			continue
+		}
+		ctx := context.Background()
+		l := migrated(t, b)
+		tx, err := l.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		long := make([]byte, 6000)
+		_, _ = rand.Read(long)
+		_, _, err = (&txn{l: l, tx: tx}).Commit(ctx, idem.Entry{Key: string(long), Attempt: 1, Value: []byte("v")})
+		if !idem.IsPermanent(err) || sqlState(err) != "54000" {
+			t.Fatalf("a 6000-byte key: %v (SQLSTATE %q); want a permanent error of SQLSTATE 54000", err, sqlState(err))
+		}
+		// Transient errors stay transient: a transaction already done.
+		_, _, err = (&txn{l: l, tx: tx}).Commit(ctx, idem.Entry{Key: "k", Attempt: 1, Value: []byte("v")})
+		if err == nil || idem.IsPermanent(err) {
+			t.Fatalf("Commit on a finished tx: %v; want a transient error", err)
+		}
+	}
 }

@@ -183,7 +183,7 @@ type steps struct {
 	token  string // the attempt owner's
 	n      int64  // the attempt number
 
-	p      *pending // the call's hold for Commit; nil without a ledger
+	p *pending // the call's hold for Commit; nil without a ledger
 
 	mu    sync.Mutex
 	keys  []string            // guarded by mu; the record and its checkpoints, made by the first step

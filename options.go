@@ -320,12 +320,16 @@ func WithDetach(max time.Duration) Option {
 // WithTombstones makes every finished record leave a tombstone, kept for d
 // after the retention ends: a call that finds no record but a tombstone
 // gets ErrLateRetry (ErrConflict with other parameters) and fn does not
-// run, where it would otherwise run again as a new key. A tombstone holds
-// digests of the key and the fingerprint, about 20-45 bytes of Redis
-// memory (see the README), against a few hundred for a record; claims of
-// new keys read up to six small hashes more on the server, and no call
-// makes an extra round trip. d must not be negative, and the retention
-// plus d at most about 35 years.
+// run, where it would otherwise run again as a new key. With WithLedger,
+// the key is looked up in the ledger first: an outcome it still holds is
+// returned, as it would be without tombstones. A tombstone holds digests
+// of the key and the fingerprint, about 20-45 bytes of Redis memory (see
+// the README), against a few hundred for a record; claims of new keys read
+// up to six small hashes more on the server (more while Clients of other
+// retentions or tombstone times share the Redis: every Client finds every
+// other's tombstones, and Forget reaches them all), and no call makes an
+// extra round trip. d must not be negative, and the retention plus d at
+// most about 35 years.
 // The default is 0: no tombstones.
 func WithTombstones(d time.Duration) Option {
 	return func(c *config) {

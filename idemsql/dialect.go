@@ -293,15 +293,15 @@ func chain(err error) []error {
 // every time: a value too long for its column (ER_DATA_TOO_LONG, 1406), a
 // key too long for its index (ER_TOO_LONG_KEY, 1071), a row too large
 // (ER_TOO_BIG_ROWSIZE, 1118), a statement larger than max_allowed_packet
-// (ER_NET_PACKET_TOO_LARGE, 1153; ER_WARN_ALLOWED_PACKET_OVERFLOWED, 1301;
-// or the driver's own check of it). Deadlocks (1213) and lock wait
+// (ER_NET_PACKET_TOO_LARGE, 1153; ER_WARN_ALLOWED_PACKET_OVERFLOWED,
+// 1301). Deadlocks (1213) and lock wait
 // timeouts (1205) are not: another attempt may pass.
 func mysqlPermanent(err error) bool {
 	switch mysqlErrno(err) {
 	case 1406, 1071, 1118, 1153, 1301:
 		return true
 	}
-	return strings.Contains(err.Error(), "packet for query is too large")
+	return false
 }
 
 // mysqlHint explains the errors of MySQL whose fix is known.
@@ -310,9 +310,6 @@ func mysqlHint(err error) string {
 	case 1046: // ER_NO_DB_ERROR
 		return "the DSN names no database: end its address part with /dbname"
 	case 1153, 1301:
-		return "the outcome is larger than the server's max_allowed_packet"
-	}
-	if strings.Contains(err.Error(), "packet for query is too large") {
 		return "the outcome is larger than the server's max_allowed_packet"
 	}
 	return ""

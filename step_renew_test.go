@@ -23,7 +23,7 @@ func TestRenewalKeepsCheckpointsForTheRetention(t *testing.T) {
 			return nil, err
 		}
 		b.MR.SetTTL("idem:{k}:steps", time.Second) // renewals must set it back
-		time.Sleep(3 * lease)                    // several renewals (every third of the lease)
+		time.Sleep(3 * lease)                      // several renewals (every third of the lease)
 		ttls = append(ttls, b.MR.TTL("idem:{k}:steps"), b.MR.TTL("idem:{k}"))
 		return []byte("done"), nil
 	})

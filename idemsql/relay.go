@@ -217,13 +217,36 @@ func (l *Ledger) relayBatch(ctx context.Context, rdb redis.UniversalClient, clai
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, fmt.Errorf("idemsql: relay: XADD: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, l.deleteStatement(len(seqs)), seqs...); err != nil {
+	if err := l.deleteRows(ctx, tx, seqs); err != nil {
 		return 0, l.explain("relay", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, l.explain("relay", err)
 	}
 	return len(seqs), nil
+}
+
+// deleteRows deletes the rows of seqs in tx: in one statement, or on
+// MySQL one row per statement. InnoDB may scan a DELETE ... IN by range
+// (a full scan of a small table), and waits for the lock of every row it
+// scans, the other relays' rows among them: two relays then deadlock, and
+// a batch rolled back after its XADDs publishes its rows twice.
+func (l *Ledger) deleteRows(ctx context.Context, tx *sql.Tx, seqs []any) error {
+	if l.dialect.name != "mysql" {
+		_, err := tx.ExecContext(ctx, l.deleteStatement(len(seqs)), seqs...)
+		return err
+	}
+	stmt, err := tx.PrepareContext(ctx, l.deleteStatement(1))
+	if err != nil {
+		return err
+	}
+	defer stmt.Close()
+	for _, seq := range seqs {
+		if _, err := stmt.ExecContext(ctx, seq); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // lag returns the age of the outbox's oldest row, or 0.

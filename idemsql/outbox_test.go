@@ -111,8 +111,8 @@ func entries(t *testing.T, rdb redis.UniversalClient, stream string) []redis.XMe
 	return msgs
 }
 
-// waitFor polls cond for up to a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
+// waitUntil polls cond for up to a minute.
+func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); !cond(); {
 		if time.Now().After(deadline) {
@@ -159,7 +159,7 @@ func TestPublishRollback(t *testing.T) {
 		}
 		rdb := o.redis.Client(t)
 		stop := o.relay(t, rdb)
-		waitFor(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
+		waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
 		stop()
 		msgs := entries(t, rdb, "orders")
 		if len(msgs) != 1 {
@@ -180,7 +180,7 @@ func TestRelayThousand(t *testing.T) {
 		ids := append(o.publish(t, "a", 0, 500, 10), o.publish(t, "b", 500, 500, 25)...)
 		rdb := o.redis.Client(t)
 		o.relay(t, rdb, idemsql.WithRelayBatch(64))
-		waitFor(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
+		waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
 		var all []redis.XMessage
 		for _, s := range []string{"a", "b"} {
 			msgs := entries(t, rdb, s)
@@ -261,10 +261,10 @@ func TestRelayRedisDown(t *testing.T) {
 				hook.on.Store(true) // down, after the first batch
 			}
 		}))
-		waitFor(t, "failed batches", func() bool { return failures.Load() >= 3 })
+		waitUntil(t, "failed batches", func() bool { return failures.Load() >= 3 })
 		ids = append(ids, o.publish(t, "orders", 200, 100, 20)...)
 		hook.on.Store(false)
-		waitFor(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
+		waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
 		seen := countIDs(entries(t, rdb, "orders"))
 		for _, id := range ids {
 			if seen[id] != 1 {
@@ -298,7 +298,7 @@ func TestRelayStoppedAfterXAdd(t *testing.T) {
 			t.Fatalf("%d rows left after the stopped batch, want 100", got)
 		}
 		o.relay(t, rdb)
-		waitFor(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
+		waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
 		seen := countIDs(entries(t, rdb, "orders"))
 		dup := 0
 		for i, id := range ids {
@@ -340,7 +340,7 @@ func TestRelayTwo(t *testing.T) {
 			for i := range 10 {
 				ids = append(ids, o.publish(t, "orders", i*100, 100, 5)...)
 			}
-			waitFor(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
+			waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
 			msgs := entries(t, rdb, "orders")
 			seen := countIDs(msgs)
 			for _, id := range ids {

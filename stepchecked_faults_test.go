@@ -88,9 +88,10 @@ func TestStepCheckedStaleOwnerWritesNoIntent(t *testing.T) {
 	aEntered, aRelease := make(chan struct{}), make(chan struct{})
 	bEntered, bRelease := make(chan struct{}), make(chan struct{})
 	act := func(ctx context.Context) (string, error) {
-		p.acts.Add(1)
-		close(bEntered)
-		<-bRelease
+		if p.acts.Add(1) == 1 {
+			close(bEntered)
+			<-bRelease
+		}
 		return p.charge(idem.StepKey(ctx, "charge"), 0), nil
 	}
 	aDone := make(chan stepOutcome, 1)
@@ -98,7 +99,8 @@ func TestStepCheckedStaleOwnerWritesNoIntent(t *testing.T) {
 		v, err := idem.Do(ctx, stale, "k", "fp", func(ctx context.Context) (string, error) {
 			close(aEntered)
 			<-aRelease
-			return idem.StepChecked(context.WithoutCancel(ctx), "charge", act, p.check)
+			return idem.StepChecked(context.WithoutCancel(ctx), "charge", act, p.check,
+				idem.SettleAfter(0), idem.ReconcileFor(5*time.Second))
 		})
 		aDone <- stepOutcome{v, err}
 	}()

@@ -258,7 +258,7 @@ func TestStepCheckedActErrors(t *testing.T) {
 			}
 			return "", errors.New("act ran after its permanent failure")
 		}
-		fn := chargeStep(act, p.check)
+		fn := chargeStep(act, p.check, idem.SettleAfter(0))
 		if _, err := idem.Do(ctx, c, "k", "", fn); err == nil || !strings.Contains(err.Error(), "503") {
 			t.Fatalf("attempt 1: %v", err)
 		}

@@ -146,20 +146,17 @@ func (t *txn) Commit(ctx context.Context, e idem.Entry) (idem.Entry, bool, error
 		_ = tx.Rollback(ctx)
 		return idem.Entry{}, false, fmt.Errorf("idempgx: whether the COMMIT landed is unknown (the next attempt's lookup tells): %w", err)
 	case len(res) > 0:
-		// The COMMIT failed: the server rolled the transaction back.
-		// Under SERIALIZABLE that may be another attempt's row.
-		if pe.Code == serializationFailure || pe.Code == deadlockDetected {
-			return t.recorded(ctx, e.Key, id, err)
-		}
+		// The COMMIT failed (a serialization failure, a deferred
+		// constraint): the server rolled the transaction back.
 		end(ctx, tx)
 		return idem.Entry{}, false, fmt.Errorf("idempgx: COMMIT failed (nothing committed): %w", err)
+	case pe.Code == uniqueViolation && pe.TableName == l.table:
+		// The INSERT met the key's row; the COMMIT was not run.
+		return t.recorded(ctx, e.Key, id)
 	}
-	// The INSERT failed, and the COMMIT was not run: tx is aborted.
-	switch {
-	case pe.Code == uniqueViolation && pe.TableName == l.table,
-		pe.Code == serializationFailure, pe.Code == deadlockDetected:
-		return t.recorded(ctx, e.Key, id, err)
-	}
+	// The INSERT failed otherwise, and the COMMIT was not run: tx is
+	// aborted. A serialization failure or a deadlock stays transient: the
+	// next attempt's lookup finds a row that another attempt committed.
 	_ = tx.Rollback(ctx)
 	switch {
 	case pe.Code == notNullViolation && pe.TableName == l.table && pe.ColumnName == "recorded_at":
@@ -177,11 +174,11 @@ func (t *txn) Commit(ctx context.Context, e idem.Entry) (idem.Entry, bool, error
 
 var errOtherDatabase = errors.New("idempgx: tx belongs to another database than the ledger's (New's pool)")
 
-// recorded ends tx, which did not commit (cause says why), and reads the
-// ledger's row of key on tx's connection, in one round trip: a ROLLBACK,
-// then the row, read only where the _meta row holds the ledger's id. The
-// read is outside tx, so it sees the row whatever tx's isolation level.
-func (t *txn) recorded(ctx context.Context, key string, id []byte, cause error) (idem.Entry, bool, error) {
+// recorded ends tx, whose INSERT met the key's row, and reads that row on
+// tx's connection, in one round trip: a ROLLBACK, then the row, read only
+// where the _meta row holds the ledger's id. The read is outside tx, so it
+// sees the row whatever tx's isolation level.
+func (t *txn) recorded(ctx context.Context, key string, id []byte) (idem.Entry, bool, error) {
 	tx := t.tx
 	var b pgconn.Batch
 	b.ExecParams("ROLLBACK", nil, nil, nil, nil)
@@ -189,14 +186,11 @@ func (t *txn) recorded(ctx context.Context, key string, id []byte, cause error) 
 	res, err := tx.Conn().PgConn().ExecBatch(ctx, &b).ReadAll()
 	if err != nil {
 		_ = tx.Rollback(ctx)
-		return idem.Entry{}, false, fmt.Errorf("idempgx: the key has an outcome in the ledger already, or the transaction met another one (%w), and the row could not be read (nothing committed): %w", cause, err)
+		return idem.Entry{}, false, fmt.Errorf("idempgx: the key has an outcome in the ledger already, which could not be read (nothing committed): %w", err)
 	}
 	end(ctx, tx)
 	if len(res) != 2 || len(res[1].Rows) == 0 {
-		if pe := pgError(cause); pe != nil && pe.Code == uniqueViolation {
-			return idem.Entry{}, false, errors.New("idempgx: the ledger's row of the key was gone when read (pruned?); nothing committed")
-		}
-		return idem.Entry{}, false, fmt.Errorf("idempgx: record the outcome (nothing committed): %w", cause)
+		return idem.Entry{}, false, errors.New("idempgx: the ledger's row of the key was gone when read (pruned?); nothing committed")
 	}
 	e, err := decodeEntry(key, res[1].Rows[0])
 	if err != nil {

@@ -79,6 +79,7 @@
 //
 // Any isolation level works: the recorded row is read outside the
 // transaction, after its ROLLBACK, so REPEATABLE READ and SERIALIZABLE see
-// it too; a serialization failure whose cause is another attempt's row
-// returns that row's outcome.
+// it too. A serialization failure or a deadlock is returned as the
+// transient error it is: nothing committed, and the next attempt's lookup
+// finds the outcome if another attempt committed one.
 package idempgx

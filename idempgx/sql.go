@@ -74,12 +74,10 @@ func newStatements(table string) statements {
 
 // SQLSTATE codes that Commit tells apart.
 const (
-	uniqueViolation      = "23505"
-	notNullViolation     = "23502"
-	undefinedTable       = "42P01"
-	serializationFailure = "40001"
-	deadlockDetected     = "40P01"
-	inFailedTx           = "25P02"
+	uniqueViolation  = "23505"
+	notNullViolation = "23502"
+	undefinedTable   = "42P01"
+	inFailedTx       = "25P02"
 )
 
 // pgError returns err's *pgconn.PgError, or nil.

@@ -80,7 +80,7 @@ func parseStatus(key string, v []any) (Status, error) {
 			return bad(why)
 		}
 	}
-	if len(v) != 5 {
+	if len(v) != 5 && len(v) != 6 {
 		return bad("unexpected status reply")
 	}
 	now, ok1 := v[0].(int64)

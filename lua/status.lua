@@ -3,8 +3,10 @@
 -- (lua/record.lua, prepended, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
+-- ARGV[1]  "1" to have a finished record itself returned too (Result)
 --
--- Returns {nowMs, pttlMs, st, n, lu} where nowMs is the server's clock
+-- Returns {nowMs, pttlMs, st, n, lu}, and the record as a sixth element
+-- when ARGV[1] is "1" and the record is finished ("d" or "f"), where nowMs is the server's clock
 -- (TIME), pttlMs is PTTL's answer (-2 absent, -1 no TTL), st is "" when the
 -- record is absent, n is 0 when absent, and lu is the lease end in server
 -- time for "p" and "r" records (0 otherwise); or {"v", reason} when the
@@ -26,5 +28,8 @@ end
 local lu = 0
 if mark then
   lu = math.max(now + pttl - mark, 0)
+end
+if ARGV[1] == '1' and (st == 'd' or st == 'f') then
+  return {now, pttl, st, n, lu, s}
 end
 return {now, pttl, st, n, lu}

@@ -15,6 +15,11 @@ import (
 var exampleDSN string
 
 func TestMain(m *testing.M) {
+	if os.Getenv("IDEM_LEDGERTEST_CHILD") != "" {
+		// A child of ledgertest's kill scenario: it runs one test, on its
+		// parent's server, and is killed; it must start no server.
+		os.Exit(m.Run())
+	}
 	tb := &mainTB{}
 	done := make(chan struct{})
 	go func() { // Skipf and Fatalf end the goroutine, as they end a test

@@ -15,16 +15,23 @@ import (
 
 // The drivers' conformance suite, on idempgx.
 func TestLedgertest(t *testing.T) {
-	ledgertest.Exercise(t, ledgertest.Driver{Name: "idempgx", Open: func(tb testing.TB) ledgertest.Backend {
-		return openSuiteBackend(tb)
-	}})
+	ledgertest.Exercise(t, ledgertest.Driver{Name: "idempgx",
+		Open: func(tb testing.TB) ledgertest.Backend { return openSuiteBackend(tb) },
+		// The kill scenario's child process: no Migrate there (the parent
+		// ran it), so Commit reads the database's id through its tx.
+		Reopen: func(tb testing.TB, dsn string) ledgertest.Backend {
+			pool, _ := openPool(tb, dsn, 0)
+			return &suiteBackend{tb: tb, pool: pool, l: idempgx.New(pool), dsn: dsn}
+		},
+	})
 }
 
 // openSuiteBackend opens a new database of the shared server with
 // idempgx's ledger, migrated, and a movements table.
 func openSuiteBackend(tb testing.TB) *suiteBackend {
 	tb.Helper()
-	pool, _ := openPool(tb, dbtest.SharedPostgres(tb).NewDatabase(tb), 0)
+	dsn := dbtest.SharedPostgres(tb).NewDatabase(tb)
+	pool, _ := openPool(tb, dsn, 0)
 	l := idempgx.New(pool)
 	ctx := context.Background()
 	if err := l.Migrate(ctx); err != nil {
@@ -33,7 +40,7 @@ func openSuiteBackend(tb testing.TB) *suiteBackend {
 	if _, err := pool.Exec(ctx, "CREATE TABLE suite_movements (account text NOT NULL)"); err != nil {
 		tb.Fatal(err)
 	}
-	return &suiteBackend{tb: tb, pool: pool, l: l}
+	return &suiteBackend{tb: tb, pool: pool, l: l, dsn: dsn}
 }
 
 // suiteBackend is idempgx's ledgertest.Backend: a pgx pool with idempgx's
@@ -42,9 +49,15 @@ type suiteBackend struct {
 	tb   testing.TB
 	pool *pgxpool.Pool
 	l    *idempgx.Ledger
+	dsn  string
 }
 
-var _ ledgertest.OtherDatabase = (*suiteBackend)(nil)
+var (
+	_ ledgertest.OtherDatabase = (*suiteBackend)(nil)
+	_ ledgertest.Reopener      = (*suiteBackend)(nil)
+)
+
+func (b *suiteBackend) DSN() string { return b.dsn }
 
 func (b *suiteBackend) Ledger() idem.Ledger { return b.l }
 

@@ -140,6 +140,11 @@ func (t *txn) Commit(ctx context.Context, e idem.Entry) (idem.Entry, bool, error
 			return idem.Entry{}, false, fmt.Errorf("idempgx: the server answered the INSERT and COMMIT with %s: whether the outcome is recorded is unknown (the next attempt's lookup tells)", tags(res))
 		}
 		return idem.Entry{}, false, nil
+	case pe == nil && pgconn.SafeToRetry(err):
+		// Nothing was sent (ctx was done before, or the connection was
+		// closed): the server rolls tx back when the connection goes.
+		_ = tx.Rollback(ctx)
+		return idem.Entry{}, false, fmt.Errorf("idempgx: the INSERT and COMMIT were not sent: nothing committed: %w", err)
 	case pe == nil:
 		// The connection failed, or ctx ended, with the batch sent or
 		// half sent: the COMMIT may have landed.

@@ -209,6 +209,11 @@ func TestCommitRefuses(t *testing.T) {
 			_, _ = tx.Exec(ctx, "SELECT 1/0")
 			return idempgx.Commit(ctx, tx, Receipt{})
 		}, "had failed before Commit", nil},
+		{"ctx done", func(ctx context.Context, tx pgx.Tx) error {
+			done, cancel := context.WithCancel(ctx)
+			cancel()
+			return idempgx.Commit(done, tx, Receipt{})
+		}, "not sent: nothing committed", context.Canceled},
 		{"outside Do", func(_ context.Context, tx pgx.Tx) error {
 			return idempgx.Commit(context.Background(), tx, Receipt{})
 		}, "", idem.ErrNoLedger},

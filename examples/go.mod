@@ -44,5 +44,3 @@ replace (
 	github.com/idem-go/idem/idemsql => ../idemsql
 	github.com/idem-go/idem/ledgertest => ../ledgertest
 )
-
-replace github.com/idem-go/idem/ledgertest => ../ledgertest

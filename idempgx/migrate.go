@@ -11,8 +11,10 @@ import (
 
 // Migrate creates the ledger's table, its index and its _meta table (one
 // row: a random id of this database, which Commit checks) where they are
-// missing, and leaves existing ones as they are: the tables of
-// idemsql.Postgres, so a database that idemsql migrated needs nothing more.
+// missing, and leaves existing ones as they are: the ledger's tables of
+// idemsql.Postgres, so a database that idemsql migrated needs nothing more
+// (idemsql's Migrate also makes its outbox's tables, which idempgx does
+// not use).
 // Run it at start-up, before the first Commit, in every process: it also
 // reads the id that Commit needs. It is safe to run from many processes at
 // once, beside idemsql's Migrate too.

@@ -37,11 +37,12 @@ const (
 // errors.
 func UnaryServerInterceptor(c *idem.Client, opts ...Option) grpc.UnaryServerInterceptor {
 	cfg := config{
-		header:      HeaderIdempotencyKey,
-		fingerprint: DefaultFingerprint,
-		maxKeyLen:   255,
-		retryAfter:  time.Second,
-		logger:      slog.New(slogdefault.Handler{}),
+		header:         HeaderIdempotencyKey,
+		fingerprint:    DefaultFingerprint,
+		maxKeyLen:      255,
+		retryAfter:     time.Second,
+		handlerTimeout: time.Minute,
+		logger:         slog.New(slogdefault.Handler{}),
 	}
 	for _, code := range defaultDefinite {
 		cfg.definite[code] = true
@@ -111,9 +112,21 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, s.failWith(err, codes.InvalidArgument, ReasonBadRequest)
 	}
 	cl := &call{s: s, ctx: ctx, method: info.FullMethod, key: scopedKey(scope, key)}
-	res, err := s.c.Do(ctx, cl.key, fp, func(ctx context.Context) ([]byte, error) {
-		return cl.run(ctx, req, handler)
+	var sctx context.Context
+	sctx, cl.capture = captureMetadata(ctx)
+	o, ok := cl.detach(sctx, func(ctx context.Context) ([]byte, error) {
+		return s.c.Do(ctx, cl.key, fp, func(ctx context.Context) ([]byte, error) {
+			return cl.run(ctx, req, handler)
+		})
 	})
+	if !ok {
+		// The caller went away or its deadline passed: the handler runs
+		// on, and its outcome goes to the retry.
+		cl.capture.close()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	cl.capture.close()
+	res, err := o.res, o.err
 	switch {
 	case cl.ran && cl.decided && cl.mine && err == nil:
 		return cl.answerCommitted(res)
@@ -135,7 +148,6 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 // definite status, or a transient error.
 func (cl *call) run(ctx context.Context, req any, handler grpc.UnaryHandler) ([]byte, error) {
 	cl.ran = true
-	ctx, cl.capture = captureMetadata(ctx)
 	cl.resp, cl.err = handler(context.WithValue(ctx, callKey{}, cl), req)
 	cl.decided, cl.mine = idem.LedgerDecided(ctx)
 	if cl.err != nil {

@@ -30,7 +30,8 @@
 //	retry after the retention, response gone      410     problem+json, ProblemLateRetry
 //	  (only its tombstone: idem.WithTombstones)
 //	first request still running after the wait    409     problem+json, ProblemInProgress, Retry-After
-//	  (the Client's idem.WithWait, 10s by default)
+//	  (the Client's idem.WithWait, 10s by default),
+//	  or this request's context ended first
 //	key empty, too long, not visible ASCII,       400     problem+json, ProblemKeyInvalid
 //	  or sent twice
 //	key missing under WithRequired                400     problem+json, ProblemKeyMissing
@@ -83,9 +84,9 @@
 // headers, from the first response as from its replays.
 //
 // Whatever status the handler writes is its outcome, and 2xx to 4xx are
-// stored: a handler that gives up early (its request's context ended
-// because the client went away, or idem's lease was lost) should answer
-// with a 5xx, so that a retry runs it again. A handler that writes nothing
+// stored: a handler that gives up early (its context ended after
+// WithHandlerTimeout, or idem's lease was lost) should answer with a 5xx,
+// so that a retry runs it again. A handler that writes nothing
 // answers 200 with an empty body, as under net/http, and that is stored.
 //
 // # Exactly-once through the ledger
@@ -168,8 +169,19 @@
 //
 // The handler sees the whole body (the middleware reads it to fingerprint
 // it, then gives the handler a reader of the same bytes). Its request's
-// context carries the idem.Attempt (idem.AttemptFrom), and ends when the
-// client goes away or when idem's lease on the key is lost.
+// context carries the request's values and the idem.Attempt
+// (idem.AttemptFrom), and ends after WithHandlerTimeout (1 minute by
+// default) or when idem's lease on the key is lost, not when the client
+// goes away: the work outlives its caller. A client that times out gets
+// nothing (its request's context ended: the middleware answers 409
+// ProblemInProgress to whoever still listens), the handler goes on, its
+// response is stored, and the client's retry waits for it or replays it.
+// Once the request's context ended the handler writes only into the
+// middleware's buffer (a response streamed past WithMaxResponse is dropped,
+// its writes fail), never to the connection. A panic reaches the server
+// while the request lasts; after, it is logged and the key released.
+// Server.Shutdown does not wait for handlers whose requests have ended;
+// allow WithHandlerTimeout after it before the process exits.
 //
 // # Outbound requests
 //
@@ -210,18 +222,19 @@ const (
 type Option func(*config)
 
 type config struct {
-	header      string
-	methods     map[string]bool
-	required    bool
-	scope       func(*http.Request) (string, error)
-	fingerprint func(*http.Request, []byte) (string, error)
-	maxBody     int64
-	maxKeyLen   int // 0 until set: then the Client's limit decides (see New)
-	maxResponse int // likewise
-	retryAfter  time.Duration
-	logger      *slog.Logger
-	keep        map[string]bool // per-user headers stored all the same (WithKeepHeaders)
-	problems    []string
+	header         string
+	methods        map[string]bool
+	required       bool
+	scope          func(*http.Request) (string, error)
+	fingerprint    func(*http.Request, []byte) (string, error)
+	maxBody        int64
+	maxKeyLen      int // 0 until set: then the Client's limit decides (see New)
+	maxResponse    int // likewise
+	retryAfter     time.Duration
+	handlerTimeout time.Duration
+	logger         *slog.Logger
+	keep           map[string]bool // per-user headers stored all the same (WithKeepHeaders)
+	problems       []string
 }
 
 func (c *config) problem(format string, args ...any) {
@@ -366,6 +379,22 @@ func WithRetryAfter(d time.Duration) Option {
 	}
 }
 
+// WithHandlerTimeout bounds the handler's run: its request's context keeps
+// the request's values but not its cancellation, so that a client that
+// times out or goes away does not cancel the handler, whose response is
+// stored for the retry; the handler's context ends d after it started (or
+// when idem's lease is lost). d must be positive.
+// The default is 1 minute.
+func WithHandlerTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.problem("WithHandlerTimeout(%v): must be positive", d)
+			return
+		}
+		c.handlerTimeout = d
+	}
+}
+
 // WithLogger sets the logger for what the middleware notices on its own:
 // responses too large to store, responses not recorded, Redis failures,
 // unreadable records, and, from New, that keys are global without
@@ -412,12 +441,13 @@ func WithKeepHeaders(names ...string) Option {
 // errors.
 func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 	cfg := config{
-		header:      HeaderIdempotencyKey,
-		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
-		fingerprint: DefaultFingerprint,
-		maxBody:     1 << 20,
-		retryAfter:  time.Second,
-		logger:      slog.New(slogdefault.Handler{}),
+		header:         HeaderIdempotencyKey,
+		methods:        map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		fingerprint:    DefaultFingerprint,
+		maxBody:        1 << 20,
+		retryAfter:     time.Second,
+		handlerTimeout: time.Minute,
+		logger:         slog.New(slogdefault.Handler{}),
 	}
 	if c == nil {
 		cfg.problem("nil *idem.Client")
@@ -548,12 +578,27 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		decided, mine bool
 	)
 	key = ScopedKey(scope, key)
-	res, err := m.c.Do(r.Context(), key, fp, func(ctx context.Context) ([]byte, error) {
-		rec = newRecorder(w, m.cfg.maxResponse, m.private)
-		m.next.ServeHTTP(rec, r.WithContext(ctx))
-		decided, mine = idem.LedgerDecided(ctx)
-		return rec.outcome()
+	g := new(gate)
+	o, ok := m.detach(r, key, func(ctx context.Context) ([]byte, error) {
+		return m.c.Do(ctx, key, fp, func(ctx context.Context) ([]byte, error) {
+			rec = newRecorder(w, g, m.cfg.maxResponse, m.private)
+			m.next.ServeHTTP(rec, r.WithContext(ctx))
+			decided, mine = idem.LedgerDecided(ctx)
+			return rec.outcome()
+		})
 	})
+	if !ok {
+		// The client went away, or the request's context ended otherwise:
+		// the handler runs on, and its response goes to the retry.
+		if !g.close() {
+			m.retryAfter(w)
+			m.fail(w, ProblemInProgress, http.StatusConflict,
+				"this request is still being processed after its context ended; retry with the same "+m.cfg.header+" for its response")
+		}
+		return
+	}
+	g.close()
+	res, err := o.res, o.err
 	switch {
 	case rec != nil && decided && mine && err == nil:
 		m.answerCommitted(w, r, key, rec, res)

@@ -26,8 +26,10 @@ const (
 	// idem.WithTombstones). The handler did not run again. Treat the
 	// operation as done; use a new key for a new operation.
 	ProblemLateRetry = problemBase + "ProblemLateRetry"
-	// ProblemInProgress (409): a request with the key is still running.
-	// The handler did not run for this one; retry after Retry-After seconds.
+	// ProblemInProgress (409): a request with the key is still running:
+	// another one's (the handler did not run for this one), or this one's,
+	// whose context ended before its handler did. Retry after Retry-After
+	// seconds for the response.
 	ProblemInProgress = problemBase + "ProblemInProgress"
 	// ProblemBodyTooLarge (413): the body is over WithMaxBody.
 	ProblemBodyTooLarge = problemBase + "ProblemBodyTooLarge"

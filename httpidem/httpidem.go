@@ -42,8 +42,12 @@
 //	                                                      WWW-Authenticate from Unauthenticated
 //	retry after a response too large to store     500     problem+json, ProblemNotStored
 //	the handler ran, its response not recorded    500     problem+json, ProblemNotRecorded
-//	stored record unreadable, or other failure    500     problem+json, ProblemServerError
-//	Redis unreachable, Client closed              503     problem+json, ProblemUnavailable, Retry-After
+//	operation parked (idem.ErrParked)             409     problem+json, ProblemParked
+//	outcome unknown (idem.ErrUnknownOutcome)      409     problem+json, ProblemOutcomeUnknown
+//	stored record unreadable                      500     problem+json, ProblemServerError
+//	Redis unreachable, Client closed, the record  503     problem+json, ProblemUnavailable, Retry-After
+//	  expired while waiting (idem.ErrExpired),
+//	  or another transient failure
 //
 // Problem bodies follow RFC 9457 (application/problem+json): a type URI, a
 // title, the status and a detail. The handler is never run without a
@@ -667,40 +671,55 @@ func (m *middleware) answerCommitted(w http.ResponseWriter, r *http.Request, key
 	resp.write(w, false)
 }
 
-// answerError answers a request whose handler did not run here.
+// answerError answers a request whose handler did not run here: a
+// look-up of the error's idem.Verdict.
 func (m *middleware) answerError(w http.ResponseWriter, r *http.Request, key string, err error) {
-	var stored *idem.StoredError
-	switch {
-	case errors.Is(err, idem.ErrConflict):
+	switch idem.VerdictOf(err) {
+	case idem.VerdictConflict:
 		m.fail(w, ProblemKeyReused, http.StatusUnprocessableEntity,
 			"this "+m.cfg.header+" was used before with another request")
-	case errors.Is(err, idem.ErrLateRetry):
+	case idem.VerdictLateRetry:
 		m.fail(w, ProblemLateRetry, http.StatusGone,
 			"this "+m.cfg.header+" was used, and its response is no longer kept; the request was not processed again")
-	case errors.Is(err, idem.ErrInProgress):
+	case idem.VerdictInProgress:
 		m.retryAfter(w)
 		m.fail(w, ProblemInProgress, http.StatusConflict,
 			"a request with this "+m.cfg.header+" is still being processed; retry later")
-	case errors.Is(err, idem.ErrInvalidKey):
+	case idem.VerdictParked:
+		m.fail(w, ProblemParked, http.StatusConflict,
+			"the operation of this "+m.cfg.header+" is parked; it runs again only when an operator retries it")
+	case idem.VerdictUnknownOutcome:
+		m.fail(w, ProblemOutcomeUnknown, http.StatusConflict,
+			"the outcome of this "+m.cfg.header+"'s operation is unknown and under reconciliation by an operator")
+	case idem.VerdictInvalidKey:
 		m.fail(w, ProblemKeyInvalid, http.StatusBadRequest,
 			"the "+m.cfg.header+" header is too long for this service")
-	case errors.As(err, &stored), errors.Is(err, errNotStored), errors.Is(err, idem.ErrTooLarge):
+	case idem.VerdictFailure, idem.VerdictTooLarge:
+		// The only failures the middleware stores are responses too large.
 		m.fail(w, ProblemNotStored, http.StatusInternalServerError,
 			"the request was processed, but its response was too large to be stored and cannot be replayed")
-	case errors.Is(err, idem.ErrClosed):
-		m.retryAfter(w)
-		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable, "the service is shutting down")
-	case errors.Is(err, idem.ErrCorrupt), errors.Is(err, idem.ErrExpired):
+	case idem.VerdictUnusable, idem.VerdictUndecodable, idem.VerdictOutcome:
 		m.log(r, key, slog.LevelError, "httpidem: cannot answer from the stored record", err)
 		m.fail(w, ProblemServerError, http.StatusInternalServerError, "the record of this key cannot be used")
+	case idem.VerdictUnavailable:
+		m.retryAfter(w)
+		if errors.Is(err, idem.ErrClosed) {
+			m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable, "the service is shutting down")
+			return
+		}
+		m.log(r, key, slog.LevelError, "httpidem: cannot reach the idempotency store", err)
+		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable,
+			"the idempotency store is unavailable; the request was not processed")
 	default:
-		// Redis unreachable, a timeout, a cancelled request: nothing ran.
-		if r.Context().Err() == nil {
-			m.log(r, key, slog.LevelError, "httpidem: cannot reach the idempotency store", err)
+		// Context, not recorded, transient (the record expired while this
+		// request waited, or another error): nothing ran here, and a retry
+		// finds out.
+		if r.Context().Err() == nil && !errors.Is(err, idem.ErrExpired) {
+			m.log(r, key, slog.LevelError, "httpidem: cannot answer; a retry may", err)
 		}
 		m.retryAfter(w)
 		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable,
-			"the idempotency store is unavailable; the request was not processed")
+			"the request was not processed; retry after Retry-After seconds")
 	}
 }
 

@@ -45,9 +45,11 @@
 //	WithFingerprint failed                        InvalidArgument     ReasonBadRequest (or the error's own status)
 //	retry after a response too large to store     Internal            ReasonNotStored
 //	the handler ran, its outcome not recorded     Internal            ReasonNotRecorded
-//	stored record unreadable, or expired          Internal            ReasonRecordUnusable
-//	  while waiting
-//	Redis unreachable, Client closed              Unavailable         ReasonUnavailable, RetryInfo
+//	operation parked (idem.ErrParked)             FailedPrecondition  ReasonParked
+//	outcome unknown (idem.ErrUnknownOutcome)      FailedPrecondition  ReasonOutcomeUnknown
+//	stored record unreadable                      Internal            ReasonRecordUnusable
+//	Redis unreachable, Client closed, the record  Unavailable         ReasonUnavailable, RetryInfo
+//	  expired while waiting (idem.ErrExpired)
 //	the call's context ended before the answer    Canceled or         -
 //	  (the handler, if it runs, goes on)          DeadlineExceeded
 //

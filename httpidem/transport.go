@@ -34,7 +34,20 @@ type transportConfig struct {
 	attempts      int
 	first, max    time.Duration
 	maxRetryAfter time.Duration
+	bareKey       bool
 	problems      []string
+}
+
+// WithBareKey(true) sends the Idempotency-Key as a bare token (idem-…)
+// instead of the quoted string of the IETF draft
+// (draft-ietf-httpapi-idempotency-key-header: an RFC 8941 sf-string,
+// "idem-…"), for providers that treat the header as opaque and would keep
+// the quotes as part of the key. The keys the transport makes are
+// letters, digits and '-' only, so either form carries the same key. A
+// request's own Idempotency-Key is sent as it is, either way.
+// The default is false: quoted, as the draft says.
+func WithBareKey(bare bool) TransportOption {
+	return func(c *transportConfig) { c.bareKey = bare }
 }
 
 // WithAttempts sets how many times, at most, the transport sends a request
@@ -142,7 +155,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				closeBody(req)
 				return nil, fmt.Errorf("%w: %s %s", ErrNoStep, req.Method, req.URL.Redacted())
 			}
-			return t.base.RoundTrip(withKey(req, key))
+			return t.base.RoundTrip(withKey(req, key, t.cfg.bareKey))
 		}
 		if !safeMethod(req.Method) {
 			key = newKey()
@@ -153,7 +166,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	for n := 1; ; n++ {
-		r := withKey(req, key)
+		r := withKey(req, key, t.cfg.bareKey)
 		if n > 1 && req.GetBody != nil {
 			body, err := req.GetBody()
 			if err != nil {
@@ -255,13 +268,17 @@ func hasKey(h http.Header) bool {
 	return false
 }
 
-// withKey returns a shallow copy of req with key as its Idempotency-Key
-// (none when key is "": an empty header is dropped), which leaves req as it
-// was.
-func withKey(req *http.Request, key string) *http.Request {
+// withKey returns a shallow copy of req with key as its Idempotency-Key,
+// quoted or bare (WithBareKey), or none when key is "" (an empty header
+// is dropped), which leaves req as it was.
+func withKey(req *http.Request, key string, bare bool) *http.Request {
 	r := req.Clone(req.Context())
 	if key != "" {
-		r.Header.Set(HeaderIdempotencyKey, sfString(key))
+		v := sfString(key)
+		if bare {
+			v = key
+		}
+		r.Header.Set(HeaderIdempotencyKey, v)
 	} else if !hasKey(r.Header) {
 		r.Header.Del(HeaderIdempotencyKey)
 	}

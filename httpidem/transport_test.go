@@ -348,3 +348,24 @@ func TestTransportOptionsPanic(t *testing.T) {
 		}()
 	}
 }
+
+// WithBareKey(true) sends the same keys as bare tokens, on retries and
+// inside a step alike; the default is the draft's quoted string.
+func TestTransportBareKey(t *testing.T) {
+	bare := regexp.MustCompile(`^idem-[a-z2-7]+$`)
+	p, srv, hc := startProvider(t, []httpidem.TransportOption{httpidem.WithAttempts(2), httpidem.WithBareKey(true)}, status(503))
+	if _, _, err := post(t, hc, context.Background(), srv.URL, "charge 100"); err != nil {
+		t.Fatal(err)
+	}
+	got := p.requests()
+	if len(got) != 2 || !bare.MatchString(got[0].key) || got[1].key != got[0].key {
+		t.Fatalf("requests %+v; want two with one bare key", got)
+	}
+	q, srv2, hc2 := startProvider(t, nil)
+	if _, _, err := post(t, hc2, context.Background(), srv2.URL, "charge 100"); err != nil {
+		t.Fatal(err)
+	}
+	if k := q.requests()[0].key; !keyHeader.MatchString(k) || bare.MatchString(k) {
+		t.Fatalf("the default key %s; want the quoted form", k)
+	}
+}

@@ -57,6 +57,11 @@ type Status struct {
 	LeaseEnds time.Time
 	// Expires is when the record will be deleted (zero when absent).
 	Expires time.Time
+	// Tombstone reports, for an absent record, that a tombstone of the key
+	// is left (WithTombstones, by this Client or any other): the key was
+	// used, its retention ended, and a call gets ErrLateRetry (with a
+	// ledger, the ledger's outcome when it holds one).
+	Tombstone bool
 }
 
 // Status reports the state of key's record without changing it.

@@ -229,4 +229,3 @@ func TestLedgerBadDSN(t *testing.T) {
 	r = idemctl(t, "forget", "k", "-yes", "-redis", addr, "-ledger", "sqlite:"+path)
 	r.mustExit(t, 1, "nothing was forgotten")
 }
-

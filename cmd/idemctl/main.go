@@ -107,9 +107,9 @@ type options struct {
 	// ledger is -ledger, the DSN of the service's ledger ("": not looked
 	// at); ledgerTable its table (idemsql.WithTable).
 	ledger, ledgerTable string
-	top     int
-	sample  int
-	batch   int
+	top                 int
+	sample              int
+	batch               int
 	// retention is the Client's (idem.WithRetention), for stats' record
 	// ages; 0: infer it.
 	retention time.Duration

@@ -104,6 +104,15 @@ var (
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("idem: client closed")
 
+	// ErrStepAfterCommit means a step (Step) began or ended after the
+	// operation's outcome was committed to the ledger (Commit,
+	// CommitError). The commit ends the operation: every later call gets
+	// the committed outcome and no attempt runs fn again, so such a step
+	// never runs again. A step called after the commit does not run; one
+	// that failed after it did not finish. The owner's Do returns the
+	// committed outcome with this error; replays return the outcome alone.
+	ErrStepAfterCommit = errors.New("idem: step after the ledger commit: the outcome is committed and stands, and the step will not run again")
+
 	// ErrUnavailable means a claim could not reach Redis (no connection,
 	// a connection lost, a timeout, the go-redis pool exhausted), or Redis
 	// answered that it cannot serve for now (LOADING, BUSY, MASTERDOWN,

@@ -9,8 +9,10 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -219,7 +221,62 @@ func (cl *call) do(ctx context.Context, fingerprint string) ([]byte, error) {
 	}
 	cl.fp = digest(fingerprint)
 	cl.until = time.Now().Add(cl.c.cfg.wait)
+	if d := cl.c.cfg.detach; d > 0 {
+		return cl.detached(ctx, d)
+	}
 	return cl.c.flights.do(ctx, cl)
+}
+
+// detached takes the call through its key on a context of its own, bounded
+// by max, and returns its outcome, or the caller's context's error as
+// soon as that ends (WithDetach). The call goes on in the background,
+// counted in c.bg, so that Close waits for it.
+func (cl *call) detached(ctx context.Context, max time.Duration) ([]byte, error) {
+	type outcome struct {
+		res      []byte
+		err      error
+		panicked bool
+		value    any // the panic's
+	}
+	c := cl.c
+	done := make(chan outcome, 1)
+	gone := make(chan struct{}) // closed when the caller stops waiting
+	c.bg.Add()
+	go func() {
+		defer c.bg.Done()
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max)
+		defer cancel()
+		finished := false
+		defer func() {
+			if finished {
+				return
+			}
+			r := recover() // nil after runtime.Goexit: reported as a panic of nil
+			select {
+			case <-gone:
+				c.cfg.logger.LogAttrs(dctx, slog.LevelError, "idem: a detached fn panicked after its caller had gone; its claim was released",
+					append(c.LogAttrs(cl.key, nil), slog.Any("panic", r))...)
+			default:
+			}
+			done <- outcome{panicked: true, value: r}
+		}()
+		res, err := c.flights.do(dctx, cl)
+		finished = true
+		done <- outcome{res: res, err: err}
+	}()
+	select {
+	case o := <-done:
+		if o.panicked {
+			if o.value == nil {
+				panic(fmt.Sprintf("idem: key %q: the detached fn called runtime.Goexit or panicked with nil", cl.key))
+			}
+			panic(o.value)
+		}
+		return o.res, o.err
+	case <-ctx.Done():
+		close(gone)
+		return nil, fmt.Errorf("idem: key %q: the caller's context ended; fn goes on, detached (WithDetach), and its outcome is recorded for the retry: %w", cl.key, ctx.Err())
+	}
 }
 
 // Do is the typed form of Client.Do: fn's result is stored encoded with
@@ -239,6 +296,7 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 		return zero, fmt.Errorf("%w: %v", ErrEncode, err)
 	}
 	var (
+		mu    sync.Mutex // own and owned: a detached fn (WithDetach) sets them after Do returned
 		own   T
 		owned bool
 	)
@@ -258,7 +316,9 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 			if d := p.decided(); d.e != nil {
 				// The ledger decided the outcome; Client.Do returns it.
 				if t, ok := d.v.(T); ok && d.mine && !d.e.Failed {
+					mu.Lock()
 					own, owned = t, true
+					mu.Unlock()
 				}
 				return nil, nil
 			}
@@ -266,7 +326,9 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 		if err != nil {
 			return nil, err
 		}
+		mu.Lock()
 		own, owned = v, true
+		mu.Unlock()
 		b, err := rc.Encode(&v)
 		if err != nil {
 			// fn has acted: record the failure rather than run it again.
@@ -274,8 +336,11 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 		}
 		return b, nil
 	})
-	if owned {
-		return own, err
+	mu.Lock()
+	mine, v0 := owned, own
+	mu.Unlock()
+	if mine {
+		return v0, err
 	}
 	if err != nil {
 		return zero, err

@@ -491,6 +491,8 @@ func TestInvalidOptionsPanic(t *testing.T) {
 		{idem.WithMaxResultSize(0), "WithMaxResultSize"},
 		{idem.WithPollInterval(0), "WithPollInterval"},
 		{idem.WithStoreTimeout(0), "WithStoreTimeout"},
+		{idem.WithDetach(0), "WithDetach"},
+		{idem.WithDetach(-time.Second), "WithDetach"},
 	} {
 		func() {
 			defer func() {

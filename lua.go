@@ -73,7 +73,7 @@ func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first 
 	if c.tomb.on {
 		tkeys := []string{keys[0], steps, c.tomb.base(c.cfg.prefix, keys[0])}
 		v, err = c.write(ctx, claimScript, tkeys, first, c.retentionMs, c.ages,
-			tombstoneField(keys[0]), c.tomb.span, c.tomb.window, fp[:min(len(fp), 8)]).Result()
+			tombstoneField(keys[0]), fp[:min(len(fp), 8)]).Result()
 	} else {
 		v, err = c.write(ctx, claimScript, []string{keys[0], steps}, first, c.retentionMs, c.ages).Result()
 	}

@@ -35,6 +35,7 @@ type config struct {
 	tombstones    time.Duration // kept past the retention; 0 = none
 	ledger        Ledger        // nil: none
 	ledgerLookups bool          // look up before every fn, not only takeovers
+	detach        time.Duration // run fn detached from the caller's context, for at most this; 0 = not detached
 	problems      []string
 }
 
@@ -292,15 +293,43 @@ func WithLedgerLookups(always bool) Option {
 	return func(c *config) { c.ledgerLookups = always }
 }
 
+// WithDetach(max) lets the work outlive its caller: fn runs on a context
+// without the caller's cancellation and deadline (its values kept),
+// bounded by max and, as always, by the lease. A caller whose context
+// ends first gets an error wrapping that context's error
+// (errors.Is(err, context.DeadlineExceeded) or context.Canceled) at once,
+// while fn goes on and its outcome is recorded as usual: the client's
+// retry waits for the running attempt or replays its outcome, where it
+// would otherwise cancel every attempt that takes longer than the
+// client's timeout. A detached call that waits for another owner waits on
+// too, for at most WithWait. Close waits for detached calls to end. A
+// panic in fn reaches the caller if it still waits; after it has gone the
+// claim is released, the panic is logged at Error, and the process goes
+// on. max must be positive.
+// The default is not detached: fn's context is the caller's.
+func WithDetach(max time.Duration) Option {
+	return func(c *config) {
+		if max <= 0 {
+			c.problem("WithDetach(%v): must be positive", max)
+			return
+		}
+		c.detach = max
+	}
+}
+
 // WithTombstones makes every finished record leave a tombstone, kept for d
 // after the retention ends: a call that finds no record but a tombstone
 // gets ErrLateRetry (ErrConflict with other parameters) and fn does not
-// run, where it would otherwise run again as a new key. A tombstone holds
-// digests of the key and the fingerprint, about 20-45 bytes of Redis
-// memory (see the README), against a few hundred for a record; claims of
-// new keys read up to six small hashes more on the server, and no call
-// makes an extra round trip. d must not be negative, and the retention
-// plus d at most about 35 years.
+// run, where it would otherwise run again as a new key. With WithLedger,
+// the key is looked up in the ledger first: an outcome it still holds is
+// returned, as it would be without tombstones. A tombstone holds digests
+// of the key and the fingerprint, about 20-45 bytes of Redis memory (see
+// the README), against a few hundred for a record; claims of new keys read
+// up to six small hashes more on the server (more while Clients of other
+// retentions or tombstone times share the Redis: every Client finds every
+// other's tombstones, and Forget reaches them all), and no call makes an
+// extra round trip. d must not be negative, and the retention plus d at
+// most about 35 years.
 // The default is 0: no tombstones.
 func WithTombstones(d time.Duration) Option {
 	return func(c *config) {

@@ -37,12 +37,12 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	o := &owning{fctx: attemptCtx{Context: cctx, a: Attempt{Key: cl.key, Number: cl.n}, cancel: cancel, call: cl}}
 	fctx := &o.fctx
 	fctx.deadline.Store(deadline)
-	fctx.steps.init(c, cl.key, cl.keys[0], cl.token, cl.n)
 	var p *pending
 	if c.cfg.ledger != nil {
 		p = &pending{key: cl.key, fp: cl.fp, n: cl.n, maxResult: c.cfg.maxResultSize, ledger: c.cfg.ledger}
 		fctx.pending = p
 	}
+	fctx.steps.init(c, cl.key, cl.keys[0], cl.token, cl.n, p)
 	o.lease = renewal{ctx: fctx, due: monoBase.Add(time.Duration(deadline) - 2*c.renewals.every)}
 	c.renewals.start(&o.lease)
 
@@ -84,6 +84,12 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 			res, retry, err = cl.finishFromLedger(ctx, d, err)
 			if ferr, ok := d.v.(error); ok && d.mine && d.e.Failed {
 				err = ferr // the owner's own error, as without a ledger
+			}
+			if serr := fctx.steps.afterCommitErr(); serr != nil && d.mine {
+				// Nothing silently lost: the outcome stands, and the owner
+				// learns which steps never ran or finished. Followers in
+				// this process claim for themselves and get the outcome.
+				err, retry = errors.Join(err, fmt.Errorf("idem: key %q: the outcome is committed and stands, but: %w", cl.key, serr)), true
 			}
 			return res, retry, err
 		}

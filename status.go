@@ -141,7 +141,7 @@ func (c *Client) Forget(ctx context.Context, key string) error {
 	var err error
 	if c.tomb.on {
 		err = forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix, c.tomb.base(c.cfg.prefix, rk)},
-			tombstoneField(rk), c.tomb.span, c.tomb.window).Err()
+			tombstoneField(rk)).Err()
 	} else {
 		err = forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix}).Err()
 	}

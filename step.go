@@ -28,6 +28,12 @@ import (
 // other error is returned as it is, not checkpointed, and the step runs
 // again in the next attempt.
 //
+// The ledger commit (Commit, CommitError) ends the operation: no attempt
+// runs fn again. A step called after it does not run, and one that fails
+// after it did not finish: Step returns an error wrapping
+// ErrStepAfterCommit, and the owner's Do returns the committed outcome
+// with that error (see docs/steps.md).
+//
 // A checkpoint is written only while the caller's attempt owns the key
 // (compare-and-set on its owner token): a stale owner gets fn's value and
 // an error wrapping ErrLeaseLost. When the checkpoint cannot be stored,
@@ -63,6 +69,10 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	if err := ctx.Err(); err != nil {
 		return zero, fmt.Errorf("idem: step %q not run: %w", name, causeOf(ctx, err))
 	}
+	if s.committed() {
+		return zero, s.afterCommit(fmt.Errorf("%w: step %q did not run: it was called after the operation's outcome was committed to the ledger (key %q)",
+			ErrStepAfterCommit, name, s.key))
+	}
 	if s.n > 1 {
 		// An earlier attempt may have checkpointed the step.
 		cp, found, err := s.load(ctx, name)
@@ -82,6 +92,14 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	}
 
 	v, err := fn(&stepCtx{Context: ctx, s: s, name: name})
+	if err != nil && s.committed() {
+		// The commit landed while the step ran: no attempt will run it again.
+		if IsPermanent(err) {
+			err = s.fail(ctx, name, err)
+		}
+		return zero, s.afterCommit(fmt.Errorf("%w: step %q did not finish: it failed after the operation's outcome was committed to the ledger (key %q): %w",
+			ErrStepAfterCommit, name, s.key, err))
+	}
 	if err != nil && !IsPermanent(err) {
 		return zero, err
 	}
@@ -165,14 +183,40 @@ type steps struct {
 	token  string // the attempt owner's
 	n      int64  // the attempt number
 
+	p *pending // the call's hold for Commit; nil without a ledger
+
 	mu    sync.Mutex
 	keys  []string            // guarded by mu; the record and its checkpoints, made by the first step
 	names map[string]struct{} // guarded by mu; the names used in this attempt
 	ended bool                // guarded by mu; fn returned
+	after error               // guarded by mu; the steps refused or failed after the commit
 }
 
-func (s *steps) init(c *Client, key, record, token string, n int64) {
-	s.c, s.key, s.record, s.token, s.n = c, key, record, token, n
+func (s *steps) init(c *Client, key, record, token string, n int64, p *pending) {
+	s.c, s.key, s.record, s.token, s.n, s.p = c, key, record, token, n, p
+}
+
+// committed reports whether a ledger commit decided the operation's
+// outcome: no attempt runs fn, nor any step, again.
+func (s *steps) committed() bool {
+	return s.p != nil && s.p.decided().e != nil
+}
+
+// afterCommit notes err, a step refused or failed after the commit, for
+// the owner's Do to report (see afterCommitErr), and returns it.
+func (s *steps) afterCommit(err error) error {
+	s.mu.Lock()
+	s.after = errors.Join(s.after, err)
+	s.mu.Unlock()
+	return err
+}
+
+// afterCommitErr returns the steps refused or failed after the commit, or
+// nil.
+func (s *steps) afterCommitErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.after
 }
 
 // end notes that fn returned: later steps are refused.

@@ -1,16 +1,41 @@
 // tombstone.go: what is left of a record after its retention, with
 // WithTombstones: enough to refuse a late retry (ErrLateRetry) instead of
 // running fn again. The layout is lua/tombstone.lua's; this file builds
-// the arguments that claim.lua, complete.lua and forget.lua take.
+// the arguments that claim.lua, complete.lua and forget.lua take, and
+// answers a claim that found a tombstone (lateRetry).
 
 package idem
 
 import (
+	"context"
 	"crypto/sha256"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
 )
+
+// lateRetry answers a call whose claim found the key's tombstone and no
+// record. With a ledger (WithLedger), the ledger may still hold the
+// outcome (rows are kept longer than records): the call gets it, as it
+// would without tombstones, and ErrConflict when it is of other
+// parameters; a failed lookup fails closed (fn does not run). Otherwise,
+// or when the ledger holds nothing for the key, ErrLateRetry.
+func (cl *call) lateRetry(ctx context.Context) ([]byte, error) {
+	late := fmt.Errorf("%w: key %q", ErrLateRetry, cl.key)
+	if cl.c.cfg.ledger == nil {
+		return nil, late
+	}
+	d, err := cl.lookup(ctx)
+	switch {
+	case err != nil:
+		return nil, err
+	case d.e == nil:
+		return nil, late
+	}
+	cl.observeLedger(false, d.e.Failed, conflicts(cl.fp, d.e.FingerprintDigest))
+	return ledgerOutcome(cl.key, cl.fp, d.e)
+}
 
 // tombstones holds a Client's tombstone settings, fixed at New.
 type tombstones struct {

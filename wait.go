@@ -129,7 +129,8 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 		case replyConflict:
 			return nil, false, fmt.Errorf("%w: key %q", ErrConflict, key)
 		case replyLateRetry:
-			return nil, false, fmt.Errorf("%w: key %q", ErrLateRetry, key)
+			res, err := cl.lateRetry(ctx)
+			return res, false, err
 		case replyBadRecord:
 			return nil, false, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, r.payload)
 		}

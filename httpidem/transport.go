@@ -86,16 +86,21 @@ func WithStep(ctx context.Context, name string) context.Context {
 
 // NewTransport returns a RoundTripper that sends requests through base
 // (http.DefaultTransport when nil) with an Idempotency-Key header, as an
-// RFC 8941 string ("..."), unless the request has one already:
+// RFC 8941 string ("..."), unless the request has one already (a header
+// that is empty, blank or "" is no key: it is replaced, or dropped where no
+// key is sent):
 //
 //   - Inside an idem call (the request's context carries an idem.Attempt),
 //     the key is idem.StepKey of the step named by WithStep, else of the
 //     step the context belongs to (idem.StepFrom): the same on every
 //     attempt of the operation, so the provider's own idempotency covers a
 //     step that acted but crashed before its checkpoint. The request is
-//     sent once; a step's transient error is retried by the next attempt.
-//     A request that changes something, with no step, fails with
-//     ErrNoStep; GET, HEAD, OPTIONS and TRACE go without a key.
+//     sent once, whatever its answer, and so is a request that carries
+//     its own key: a step's transient error is retried by the next
+//     attempt, whose lease and checkpoints cover it, not by the transport.
+//     A request that changes something, with no step and no key of its
+//     own, fails with ErrNoStep; GET, HEAD, OPTIONS and TRACE go without a
+//     key.
 //   - Outside one, it is a retrier, as providers' SDKs are: one new random
 //     key per request (for methods but GET, HEAD, OPTIONS and TRACE), reused
 //     on every retry. It retries when the outcome is unknown or the server
@@ -129,8 +134,9 @@ type transport struct {
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	key := ""
-	if len(req.Header.Values(HeaderIdempotencyKey)) == 0 {
-		if _, inside := idem.AttemptFrom(ctx); inside {
+	_, inside := idem.AttemptFrom(ctx)
+	if !hasKey(req.Header) {
+		if inside {
 			key = stepKeyOf(ctx)
 			if key == "" && !safeMethod(req.Method) {
 				closeBody(req)
@@ -141,6 +147,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if !safeMethod(req.Method) {
 			key = newKey()
 		}
+	} else if inside {
+		// Its own key, sent once: the operation's next attempt retries.
+		return t.base.RoundTrip(req)
 	}
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	for n := 1; ; n++ {
@@ -235,12 +244,26 @@ func stepKeyOf(ctx context.Context) string {
 	return idem.StepKey(ctx, name)
 }
 
+// hasKey reports whether h carries an Idempotency-Key of its own: a value
+// that is not empty, blank or the empty RFC 8941 string ("").
+func hasKey(h http.Header) bool {
+	for _, v := range h.Values(HeaderIdempotencyKey) {
+		if v = strings.TrimSpace(v); v != "" && v != `""` {
+			return true
+		}
+	}
+	return false
+}
+
 // withKey returns a shallow copy of req with key as its Idempotency-Key
-// (none when key is ""), which leaves req as it was.
+// (none when key is "": an empty header is dropped), which leaves req as it
+// was.
 func withKey(req *http.Request, key string) *http.Request {
 	r := req.Clone(req.Context())
 	if key != "" {
 		r.Header.Set(HeaderIdempotencyKey, sfString(key))
+	} else if !hasKey(r.Header) {
+		r.Header.Del(HeaderIdempotencyKey)
 	}
 	return r
 }

@@ -25,18 +25,24 @@ import (
 // bare transaction's throughput that idem keeps (1 = as fast). Two more
 // pairs split the cost: Redis, idem without a ledger around the bare
 // transaction; Row, the bare transaction with the ledger's row written in
-// plain SQL. PostgreSQL runs with its durable defaults (fsync on); SQLite
+// plain SQL. PostgreSQL runs with its durable defaults (fsync on), and so
+// does MariaDB (InnoDB's log flushed at every commit, doublewrite on,
+// REPEATABLE READ); SQLite
 // in WAL mode with its default synchronous=FULL, through one connection
 // (SetMaxOpenConns(1), the package doc's advice for one process); Redis
 // without persistence. Never asserted.
 func BenchmarkLedger(b *testing.B) {
-	for _, be := range []servertest.Backend{durablePostgres(), backendNamed("sqlite")} {
+	for _, be := range []servertest.Backend{durablePostgres(), durableMariaDB(), backendNamed("sqlite")} {
 		b.Run(be.Name, func(b *testing.B) {
 			bk := newBank(b, be)
 			ctx := context.Background()
 			for _, g := range []int{1, 16} {
 				for w := range g {
-					if _, err := bk.db.Exec(bk.q("INSERT INTO accounts (id, balance) VALUES (?, ?) ON CONFLICT (id) DO NOTHING"), benchAccount(w), opening); err != nil {
+					open := "INSERT INTO accounts (id, balance) VALUES (?, ?) ON CONFLICT (id) DO NOTHING"
+					if be.Name == "mariadb" {
+						open = "INSERT INTO accounts (id, balance) VALUES (?, ?) ON DUPLICATE KEY UPDATE id = id"
+					}
+					if _, err := bk.db.Exec(bk.q(open), benchAccount(w), opening); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -87,8 +93,11 @@ func BenchmarkLedger(b *testing.B) {
 			}
 			rowSQL := "INSERT INTO idem_ledger (idem_key, fingerprint, attempt, failed, outcome, recorded_at) VALUES (?, ?, 1, false, ?, ?)"
 			stamp := func() any { return time.Now().UnixMilli() }
-			if be.Name == "postgres" {
+			switch be.Name {
+			case "postgres":
 				stamp = func() any { return time.Now() }
+			case "mariadb":
+				stamp = func() any { return time.Now().UTC() }
 			}
 			rowOp := func(w int) error {
 				key := fmt.Sprintf("row-%s-%d", run, keys.Add(1))
@@ -128,13 +137,22 @@ func durablePostgres() servertest.Backend {
 	}}
 }
 
+func durableMariaDB() servertest.Backend {
+	return servertest.Backend{Name: "mariadb", Driver: "mysql", Open: func(tb testing.TB) (*sql.DB, string) {
+		m := dbtest.DurableMariaDB(tb)
+		dsn := m.NewDatabase(tb)
+		return m.Open(tb, dsn), dsn
+	}}
+}
+
 func benchAccount(w int) string { return "bench-" + strconv.Itoa(w) }
 
 // benchChange is the business change of a benchmark's debit: w's account
 // and a movement.
 func benchChange(ctx context.Context, bk *bank, tx *sql.Tx, w int, op string) (Receipt, error) {
 	r := Receipt{Op: op, Amount: 1}
-	if err := tx.QueryRowContext(ctx, bk.q("UPDATE accounts SET balance = balance - 1 WHERE id = ? RETURNING balance"), benchAccount(w)).Scan(&r.Balance); err != nil {
+	var err error
+	if r.Balance, err = bk.debitBalance(ctx, tx, benchAccount(w), 1); err != nil {
 		return Receipt{}, err
 	}
 	if _, err := tx.ExecContext(ctx, bk.q("INSERT INTO movements (op, amount, attempt, kind) VALUES (?, 1, 1, 'bench')"), op); err != nil {

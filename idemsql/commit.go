@@ -105,7 +105,7 @@ func (t *txn) Commit(ctx context.Context, e idem.Entry) (idem.Entry, bool, error
 			_ = tx.Rollback()
 			return idem.Entry{}, false, fmt.Errorf("idemsql: nothing committed: %w", err)
 		}
-		found, ok, err := l.lookupIn(ctx, tx, e.Key)
+		found, ok, err := l.lookupIn(ctx, tx, l.sql.lookupLocked, e.Key)
 		_ = tx.Rollback()
 		switch {
 		case err != nil:

@@ -13,7 +13,7 @@
 //
 // Setup, once per process:
 //
-//	ledger := idemsql.New(db, idemsql.Postgres) // or idemsql.SQLite
+//	ledger := idemsql.New(db, idemsql.Postgres) // or idemsql.SQLite, idemsql.MySQL
 //	if err := ledger.Migrate(ctx); err != nil { ... }
 //	client := idem.New(rdb, idem.WithLedger(ledger))
 //
@@ -71,11 +71,15 @@
 // (idem.Entry.Age), so the rule holds. docs/operating.md says how often to
 // prune and what a row costs.
 //
-// Keys are bytes; on PostgreSQL, at most 2 KiB (a B-tree entry's limit):
-// the Client refuses a longer key before fn runs (Ledger.MaxKeyLen).
+// Keys are bytes; on PostgreSQL, at most 2 KiB (a B-tree entry's limit),
+// on MySQL and MariaDB 3 KiB (InnoDB's): the Client refuses a longer key
+// before fn runs (Ledger.MaxKeyLen). An error that the database gives the
+// same row every time (a value too long, a statement over MySQL's
+// max_allowed_packet) is permanent: Do does not retry it.
 //
 // Any isolation level works. When Commit meets the key's row, it reads the
-// row through tx before rolling it back. Under REPEATABLE READ or
+// row through tx before rolling it back (on MySQL, a locking read, which
+// sees the row whatever tx's snapshot). Under REPEATABLE READ or
 // SERIALIZABLE an INSERT that meets a row committed after tx began fails
 // instead (a serialization failure); Commit then reads the row from db and
 // returns the recorded outcome as it would have, if db's pool has a
@@ -111,4 +115,52 @@
 // every process (a Commit before it fails at once, saying so, rather than
 // wait). The Client's lookups run before fn; but fn must not use db outside
 // its transaction while it holds one.
+//
+// # MySQL and MariaDB
+//
+// The MySQL dialect runs on InnoDB through github.com/go-sql-driver/mysql,
+// which you import; it is tested on MariaDB 10.11. A plain DSN works:
+//
+//	sql.Open("mysql", "app:secret@tcp(db:3306)/bank?parseTime=true")
+//
+// The DSN must name the database, and its session must keep a strict
+// sql_mode (STRICT_TRANS_TABLES, both servers' default), so that a value
+// too long for its column is refused, not cut short: Migrate checks both
+// and says what to change. Nothing else matters to the ledger:
+// clientFoundRows, interpolateParams, multiStatements, the session's
+// time_zone and parseTime may be set as the rest of the service needs
+// (Commit tells a met row by ER_DUP_ENTRY, not by a count of rows, and
+// dates rows with UTC_TIMESTAMP(6) in a DATETIME(6)). interpolateParams=true
+// saves a round trip per statement (the driver prepares and closes each
+// one otherwise).
+//
+// Isolation: InnoDB's default, REPEATABLE READ, works, and it is what the
+// tests run, beside READ COMMITTED and SERIALIZABLE. The ledger's INSERT
+// of a key that another transaction inserted but has not committed waits
+// for it, as on PostgreSQL. Under REPEATABLE READ and SERIALIZABLE, InnoDB
+// also takes gap locks: an INSERT that meets a key holds a shared next-key
+// lock on it. Prune's DELETE (a batch of 1000 rows, one statement) locks
+// the rows it scans at any level, which may include the row of a Commit in
+// flight: Prune then waits for that transaction (up to
+// innodb_lock_wait_timeout, 50 s by default, after which it returns the
+// error with the count so far: call it again), and Commits that insert
+// into a gap it locked wait for the batch. Prune when the ledger is quiet,
+// or keep fn's transactions short. Two
+// attempts that wait behind a third's row and are both freed when it
+// rolls back deadlock: InnoDB ends one (ER_LOCK_DEADLOCK), which Do
+// returns as transient, as it does a lock wait timeout. READ COMMITTED
+// takes no gap locks and is what we recommend for services with many
+// concurrent writers; the ledger is exactly-once under any level.
+//
+// What differs on MySQL 8 (not run by the tests): the statements are the
+// same, and MySQL 8.0.16 and later enforce the _meta table's CHECK, as
+// MariaDB does. MySQL 8 writes a warning for a LOCK IN SHARE MODE (FOR
+// SHARE is its name now) and may warn of invalid utf8mb4 in a binary
+// parameter of a prepared statement (warning 1300: the value is kept,
+// byte for byte); it has no CREATE INDEX IF NOT EXISTS, so Migrate makes
+// the index with the table. Its default sql_mode is strict, as MariaDB's
+// is, and its default max_allowed_packet is 64 MiB, not 16 MiB. MySQL 8's
+// default authentication (caching_sha2_password) needs TLS or
+// allowPublicKeyRetrieval=true on the DSN for a password's first login:
+// that is the driver's business, not the ledger's.
 package idemsql

@@ -10,7 +10,11 @@ require (
 	modernc.org/sqlite v1.62.0
 )
 
-require github.com/jackc/pgx/v5 v5.12.0 // indirect
+require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
+)
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -45,7 +45,7 @@ type Receipt struct {
 	Attempt int64
 }
 
-var dialects = map[string]idemsql.Dialect{"postgres": idemsql.Postgres, "sqlite": idemsql.SQLite}
+var dialects = map[string]idemsql.Dialect{"postgres": idemsql.Postgres, "sqlite": idemsql.SQLite, "mariadb": idemsql.MySQL}
 
 // eachBank runs test on a new bank of each backend, in parallel, with a
 // redis-server of its own.
@@ -76,7 +76,7 @@ func newBank(t testing.TB, be servertest.Backend) *bank {
 // createBusiness creates the tables of the business and opens the account.
 func createBusiness(ctx context.Context, db *sql.DB, backend string) error {
 	for _, q := range []string{
-		"CREATE TABLE accounts (id TEXT PRIMARY KEY, balance BIGINT NOT NULL)",
+		"CREATE TABLE accounts (id VARCHAR(64) PRIMARY KEY, balance BIGINT NOT NULL)",
 		"CREATE TABLE movements (op TEXT NOT NULL, amount BIGINT NOT NULL, attempt BIGINT NOT NULL, kind TEXT NOT NULL)",
 	} {
 		if _, err := db.ExecContext(ctx, q); err != nil {
@@ -124,13 +124,29 @@ func (b *bank) clientOn(t testing.TB, rdb redis.UniversalClient, opts ...idem.Op
 func (b *bank) change(ctx context.Context, tx *sql.Tx, op string, amount int64, kind string) (Receipt, error) {
 	a, _ := idem.AttemptFrom(ctx)
 	r := Receipt{Op: op, Amount: amount, Attempt: a.Number}
-	if err := tx.QueryRowContext(ctx, b.q("UPDATE accounts SET balance = balance - ? WHERE id = ? RETURNING balance"), amount, account).Scan(&r.Balance); err != nil {
+	var err error
+	if r.Balance, err = b.debitBalance(ctx, tx, account, amount); err != nil {
 		return Receipt{}, err
 	}
 	if _, err := tx.ExecContext(ctx, b.q("INSERT INTO movements (op, amount, attempt, kind) VALUES (?, ?, ?, ?)"), op, amount, a.Number, kind); err != nil {
 		return Receipt{}, err
 	}
 	return r, nil
+}
+
+// debitBalance takes amount from the balance of acct in tx and returns the
+// new balance (MariaDB has no UPDATE ... RETURNING).
+func (b *bank) debitBalance(ctx context.Context, tx *sql.Tx, acct string, amount int64) (int64, error) {
+	var n int64
+	if b.name != "mariadb" {
+		err := tx.QueryRowContext(ctx, b.q("UPDATE accounts SET balance = balance - ? WHERE id = ? RETURNING balance"), amount, acct).Scan(&n)
+		return n, err
+	}
+	if _, err := tx.ExecContext(ctx, "UPDATE accounts SET balance = balance - ? WHERE id = ?", amount, acct); err != nil {
+		return 0, err
+	}
+	err := tx.QueryRowContext(ctx, "SELECT balance FROM accounts WHERE id = ?", acct).Scan(&n)
+	return n, err
 }
 
 // debit is fn of a debit: the business change and the outcome in one

@@ -3,7 +3,6 @@ package idemsql_test
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
-	"github.com/idem-go/idem/idemsql/internal/servertest"
 )
 
 // The environment of TestChildDebiter, set by TestKilledDebiter.
@@ -170,12 +168,7 @@ func TestChildDebiter(t *testing.T) {
 	}
 	ctx := context.Background()
 	be := backendNamed(os.Getenv(childBackend))
-	var db *sql.DB
-	if be.Name == "postgres" {
-		db = openPostgres(t, os.Getenv(childDSN))
-	} else {
-		db = servertest.OpenSQLite(t, os.Getenv(childDSN))
-	}
+	db := be.Reopen(t, os.Getenv(childDSN))
 	b := &bank{name: be.Name, db: db, dialect: dialects[be.Name]}
 	b.ledger = idemsql.New(db, b.dialect)
 	rdb := redisClient(t, os.Getenv(childRedis))

@@ -66,7 +66,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) *Ledger {
 		cfg.problems = append(cfg.problems, "db is nil")
 	}
 	if d.d == nil {
-		cfg.problems = append(cfg.problems, "the zero Dialect (use idemsql.Postgres or idemsql.SQLite)")
+		cfg.problems = append(cfg.problems, "the zero Dialect (use idemsql.Postgres, idemsql.SQLite or idemsql.MySQL)")
 	}
 	if len(cfg.problems) > 0 {
 		panic("idemsql: New: " + strings.Join(cfg.problems, "; "))
@@ -94,15 +94,15 @@ type querier interface {
 
 // lookup reads key's row from the ledger's database.
 func (l *Ledger) lookup(ctx context.Context, key string) (row, bool, error) {
-	return l.lookupIn(ctx, l.db, key)
+	return l.lookupIn(ctx, l.db, l.sql.lookup, key)
 }
 
-// lookupIn reads key's row through q.
-func (l *Ledger) lookupIn(ctx context.Context, q querier, key string) (row, bool, error) {
+// lookupIn reads key's row through q, with query (a lookup statement).
+func (l *Ledger) lookupIn(ctx context.Context, q querier, query, key string) (row, bool, error) {
 	r := row{key: key}
 	var fp []byte
 	var micros int64
-	err := q.QueryRowContext(ctx, l.sql.lookup, []byte(key)).Scan(&fp, &r.attempt, &r.failed, &r.outcome, &micros)
+	err := q.QueryRowContext(ctx, query, []byte(key)).Scan(&fp, &r.attempt, &r.failed, &r.outcome, &micros)
 	if errors.Is(err, sql.ErrNoRows) {
 		return row{}, false, nil
 	}
@@ -149,11 +149,11 @@ func (l *Ledger) databaseID(ctx context.Context, inTx bool) ([]byte, error) {
 // explain wraps an error of the database with what was being done, and
 // with the fix for the errors whose fix is known.
 func (l *Ledger) explain(doing string, err error) error {
-	switch {
-	case l.dialect.missing(err):
+	if l.dialect.missing(err) {
 		return fmt.Errorf("idemsql: %s: the table %s is missing (call Migrate first): %w", doing, l.table, err)
-	case l.dialect.busy(err):
-		return fmt.Errorf("idemsql: %s: SQLite was locked by another writer longer than it waits: open it with _busy_timeout=10000 and _txlock=immediate (see the package doc): %w", doing, err)
+	}
+	if fix := l.dialect.hint(err); fix != "" {
+		return fmt.Errorf("idemsql: %s: %s: %w", doing, fix, err)
 	}
 	return fmt.Errorf("idemsql: %s: %w", doing, err)
 }

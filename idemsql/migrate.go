@@ -28,7 +28,19 @@ func (l *Ledger) Migrate(ctx context.Context) error {
 			return l.explain("migrate", err)
 		}
 	}
+	if q := l.dialect.sessionCheck; q != "" {
+		var problem string
+		if err := tx.QueryRowContext(ctx, q).Scan(&problem); err != nil {
+			return l.explain("migrate", err)
+		}
+		if problem != "" {
+			return fmt.Errorf("idemsql: migrate: %s", problem)
+		}
+	}
 	for _, q := range []string{l.sql.createTable, l.sql.createIndex, l.sql.createMeta} {
+		if q == "" {
+			continue
+		}
 		if _, err := tx.ExecContext(ctx, q); err != nil {
 			return l.explain("migrate", err)
 		}
@@ -96,6 +108,9 @@ func (l *Ledger) insert(ctx context.Context, tx *sql.Tx, r row, id []byte) (bool
 	}
 	res, err := tx.ExecContext(ctx, l.sql.insert, []byte(r.key), fp, r.attempt, r.failed, outcome, id)
 	if err != nil {
+		if l.dialect.duplicate != nil && l.dialect.duplicate(err) {
+			return false, nil // the statement failed, not tx
+		}
 		return false, err
 	}
 	n, err := res.RowsAffected()

@@ -24,7 +24,7 @@ type backend struct {
 func backends() []backend {
 	var bs []backend
 	for _, b := range servertest.Backends() {
-		bs = append(bs, backend{b, map[string]Dialect{"postgres": Postgres, "sqlite": SQLite}[b.Name]})
+		bs = append(bs, backend{b, map[string]Dialect{"postgres": Postgres, "sqlite": SQLite, "mariadb": MySQL}[b.Name]})
 	}
 	return bs
 }

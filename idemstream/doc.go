@@ -75,10 +75,13 @@
 //
 // When Run's context ends, Run stops reading and waits for the handlers
 // running (WithDrainTimeout, by default the Client's lease, after which
-// their context is cancelled). What they finish is acknowledged; what
-// they do not stays pending, for the next Run or another consumer: no
-// entry is lost, acknowledged early, or acknowledged without a stored
-// outcome.
+// their context is cancelled and Run returns, whatever a handler does).
+// What they finish is acknowledged; what they do not stays pending, for
+// the next Run or another consumer: no entry is lost, acknowledged early,
+// or acknowledged without a stored outcome. One try of a handler is
+// bounded by WithHandlerTimeout (by default ten times the lease): a
+// handler that ignores its context is abandoned, its entry left pending
+// for redelivery, and its goroutine runs on until it returns.
 //
 // # Other brokers
 //

@@ -80,7 +80,17 @@ func (r *run) handle(j job) {
 			// its outcome is stored (Do replays it) or under way elsewhere.
 			fn = func(context.Context) ([]byte, error) { return nil, errTooMany }
 		}
-		_, err := r.c.keys.Do(r.hctx, key, fp, fn)
+		err, ok := r.do(key, fp, fn)
+		if !ok {
+			msg := "idemstream: handler abandoned: still running a second after its timeout (WithHandlerTimeout); the entry stays pending, for redelivery"
+			if r.hctx.Err() != nil {
+				msg = "idemstream: handler abandoned: still running when the drain timeout ended; the entry stays pending, for redelivery"
+			}
+			r.c.cfg.logger.LogAttrs(context.WithoutCancel(r.hctx), slog.LevelWarn, msg,
+				append([]slog.Attr{slog.String("stream", r.c.stream), slog.String("group", r.c.group),
+					slog.String("consumer", r.c.name), slog.String("id", m.ID)}, r.c.keys.LogAttrs(key, nil)...)...)
+			return
+		}
 		switch {
 		case errors.Is(err, idem.ErrConflict):
 			// Stored for the key is another entry's outcome: this one was
@@ -123,6 +133,51 @@ func (r *run) handle(j job) {
 			return
 		}
 		d++
+	}
+}
+
+// abandonGrace is how long a worker waits, after a handler's context
+// ended at its timeout, for the handler to return before it abandons it.
+const abandonGrace = time.Second
+
+// do runs one try of an entry through Do, on a context that ends at the
+// handler timeout (WithHandlerTimeout) or when the drain ends, and waits
+// for it: ok is false when the handler went on past that end (a second
+// more at its timeout, none once the drain ended), and Do is left to
+// finish alone; the entry's outcome, if it gets one, is found by its
+// redelivery.
+func (r *run) do(key, fp string, fn func(context.Context) ([]byte, error)) (err error, ok bool) {
+	ctx, cancel := r.hctx, context.CancelFunc(func() {})
+	if d := r.c.cfg.handlerTime; d > 0 {
+		ctx, cancel = context.WithTimeout(r.hctx, d)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer cancel()
+		_, err := r.c.keys.Do(ctx, key, fp, fn)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err, true
+	case <-ctx.Done():
+	}
+	if r.hctx.Err() == nil {
+		// The handler's timeout: one that honours it returns now.
+		t := time.NewTimer(abandonGrace)
+		defer t.Stop()
+		select {
+		case err := <-done:
+			return err, true
+		case <-t.C:
+		case <-r.hctx.Done():
+		}
+	}
+	select {
+	case err := <-done:
+		return err, true
+	default:
+		return nil, false
 	}
 }
 

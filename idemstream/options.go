@@ -29,6 +29,7 @@ type config struct {
 	backoffMin    time.Duration
 	backoffMax    time.Duration
 	drain         time.Duration
+	handlerTime   time.Duration // 0: none
 	onDeadLetter  func(context.Context, DeadLetter)
 	logger        *slog.Logger
 	problems      []string
@@ -50,6 +51,7 @@ func defaultConfig(keys *idem.Client) config {
 		backoffMin:    time.Second,
 		backoffMax:    time.Minute,
 		drain:         lease,
+		handlerTime:   10 * lease,
 		logger:        slog.Default(),
 	}
 }
@@ -209,8 +211,10 @@ func WithBackoff(min, max time.Duration) Option {
 }
 
 // WithDrainTimeout sets how long the handlers still running when Run's
-// context ends may go on; then their context is cancelled. Run returns
-// once they have all returned. It must not be negative.
+// context ends may go on; then their context is cancelled, and Run
+// returns: at once when they have all returned, else without those that
+// ignore their context, whose entries stay pending, for redelivery (see
+// WithHandlerTimeout). It must not be negative.
 // The default is the Client's lease.
 func WithDrainTimeout(d time.Duration) Option {
 	return func(c *config) {
@@ -219,6 +223,25 @@ func WithDrainTimeout(d time.Duration) Option {
 			return
 		}
 		c.drain = d
+	}
+}
+
+// WithHandlerTimeout sets how long one try of an entry's handler may run:
+// then its context ends (its cause context.DeadlineExceeded), and a
+// handler that honours it fails the try, which is retried as any transient
+// failure. A handler that ignores it is abandoned a second later: the
+// worker goes on with other entries, and the entry stays pending, for
+// redelivery (after WithClaimIdle, to this consumer or another) once the
+// handler has let its idem key go; the handler's goroutine goes on until
+// it returns. 0 sets no timeout. It must not be negative.
+// The default is ten times the Client's lease.
+func WithHandlerTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.problem("WithHandlerTimeout(%v): must not be negative", d)
+			return
+		}
+		c.handlerTime = d
 	}
 }
 

@@ -14,11 +14,11 @@
 --          call short, and a new key's record is stored as it is.
 -- ARGV[2]  retention in milliseconds (the record's TTL), at least the lease
 -- ARGV[3]  "1" to return a finished record with its PTTL (for its age)
--- KEYS[3], ARGV[4..7]  with tombstones only (see lua/tombstone.lua): the
---          stem of the key's tombstone buckets; the tombstone's field, the
---          tombstones' span (retention + tombstone time) and window width
---          in milliseconds, and the first 8 bytes of the caller's
---          fingerprint digest ("" = not checked)
+-- KEYS[3], ARGV[4..5]  with tombstones only (see lua/tombstone.lua): the
+--          stem of the key's tombstone buckets; the tombstone's field, and
+--          the first 8 bytes of the caller's fingerprint digest ("" = not
+--          checked). The tombstone is looked for in the windows of every
+--          span that left tombstones, not only the caller's.
 --
 -- Returns one of (the usual answers are scalars: Redis converts a Lua
 -- table to a reply at a cost that counts on a path this short):
@@ -53,9 +53,9 @@ local s = redis.pcall('GET', KEYS[1])
 if not s then
   if KEYS[3] then
     --[[lua/tombstone.lua]]
-    local v = tombLookup(KEYS[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]))
+    local v = tombLookup(KEYS[3], ARGV[4])
     if v then
-      if ARGV[7] ~= '' and v ~= '' and v ~= ARGV[7] then
+      if ARGV[5] ~= '' and v ~= '' and v ~= ARGV[5] then
         return 0
       end
       -- Count it, by day, beside the buckets (see lua/tombstone.lua).

@@ -8,21 +8,13 @@
 -- KEYS[3]  (with tombstones) the stem of its tombstone buckets (see
 --          lua/tombstone.lua)
 -- ARGV[1]  (with tombstones) the tombstone's field
--- ARGV[2]  (with tombstones) the tombstones' span, retention + tombstone
---          time, in milliseconds
--- ARGV[3]  (with tombstones) the width of their windows, in milliseconds
 --
--- Returns 1. The tombstone is marked forgotten ("x"), not removed: buckets
--- only fill up until they expire (see lua/tombstone.lua).
+-- Returns 1. Every tombstone of the key is marked forgotten ("x"), not
+-- removed (buckets only fill up until they expire), in the windows of every
+-- span that left tombstones, whatever the caller's (see lua/tombstone.lua).
 redis.call('DEL', KEYS[1], KEYS[2])
 if KEYS[3] then
   --[[lua/tombstone.lua]]
-  local first, last = tombWindows(tonumber(ARGV[2]), tonumber(ARGV[3]))
-  for i = first, last do
-    local b = tombFind(KEYS[3], i, ARGV[1])
-    if b then
-      redis.call('HSET', b, ARGV[1], 'x')
-    end
-  end
+  tombForget(KEYS[3], ARGV[1])
 end
 return 1

@@ -359,8 +359,8 @@ func scanNode(ctx context.Context, o options, node *redis.Client, scanned *atomi
 // sortKeys sorts the keys under the prefix: records (<prefix>:{<key>}, but
 // not the hashes of steps' checkpoints, <prefix>:{<key>}:steps: a record's
 // key ends with its '}'), tombstone buckets and late-retry counts
-// (<prefix>:t:{<tag>}..., see lua/tombstone.lua). Other keys are not
-// idem's.
+// (<prefix>:t:{<tag>}..., see lua/tombstone.lua; not the registry of
+// their windows, <prefix>:t:{<tag>}:w). Other keys are not idem's.
 func sortKeys(prefix string, keys []string) (records, buckets, late []string) {
 	rec, tomb := prefix+":{", prefix+":t:{"
 	for _, k := range keys {
@@ -371,6 +371,7 @@ func sortKeys(prefix string, keys []string) (records, buckets, late []string) {
 			}
 		case strings.HasPrefix(k, tomb) && isLateKey(k):
 			late = append(late, k)
+		case strings.HasPrefix(k, tomb) && strings.HasSuffix(k, "}:w"):
 		case strings.HasPrefix(k, tomb):
 			buckets = append(buckets, k)
 		}

@@ -155,7 +155,7 @@ func libraryPair(t *rapid.T, p *Plan, retention, tombstones time.Duration, opts 
 			switch {
 			case strings.HasPrefix(k, recordPrefix+":{"):
 				records++
-			case strings.HasPrefix(k, recordPrefix+":t:{") && !strings.HasSuffix(k, ":late"):
+			case strings.HasPrefix(k, recordPrefix+":t:{") && !strings.HasSuffix(k, ":late") && !strings.HasSuffix(k, ":w"):
 				fields, err := mr.HKeys(k)
 				if err != nil {
 					t.Fatal(err)

@@ -26,10 +26,13 @@ func TestMissingServers(t *testing.T) {
 		{"redis", "redis-server not found", func(tb testing.TB) { StartRedis(tb) }},
 		{"postgres", "PostgreSQL (initdb and postgres) not found", func(tb testing.TB) { SharedPostgres(tb) }},
 		{"durable postgres", "PostgreSQL (initdb and postgres) not found", func(tb testing.TB) { DurablePostgres(tb) }},
+		{"mariadb", "MariaDB (mariadbd and mariadb-install-db) not found", func(tb testing.TB) { SharedMariaDB(tb) }},
+		{"durable mariadb", "MariaDB (mariadbd and mariadb-install-db) not found", func(tb testing.TB) { DurableMariaDB(tb) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("PATH", t.TempDir())
 			t.Setenv("IDEMSQL_PG_BIN", t.TempDir())
+			t.Setenv("IDEMSQL_MARIADB_BIN", t.TempDir())
 			for _, required := range []bool{false, true} {
 				t.Setenv(RequireEnv, map[bool]string{false: "", true: "1"}[required])
 				r := &recordingTB{TB: t}

@@ -79,9 +79,10 @@ func DurablePostgres(tb testing.TB) *Postgres {
 	return pg
 }
 
-// StopShared stops the server of SharedPostgres, if it was started, and
-// removes its directory.
+// StopShared stops the servers of SharedPostgres and SharedMariaDB, if
+// they were started, and removes their directories.
 func StopShared() {
+	stopSharedMariaDB()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.pg != nil {

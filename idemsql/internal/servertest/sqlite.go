@@ -1,6 +1,6 @@
 // Package servertest opens the databases idemsql's tests run on: SQLite
 // files in temporary directories, and databases of the shared PostgreSQL
-// server that ledgertest/dbtest starts.
+// and MariaDB servers that ledgertest/dbtest starts.
 package servertest
 
 import (
@@ -48,27 +48,47 @@ func OpenSQLite(tb testing.TB, dsn string) *sql.DB {
 
 // A Backend is one database system the tests run on.
 type Backend struct {
-	// Name is "postgres" or "sqlite", the name of idemsql's Dialect.
+	// Name is "postgres", "sqlite" or "mariadb".
 	Name string
 	// Open returns a new, empty database (closed when the test ends) and
 	// its DSN, for child processes.
 	Open func(tb testing.TB) (*sql.DB, string)
+	// Reopen opens the database of a DSN that Open returned (in a child
+	// process); the handle is closed when the test ends.
+	Reopen func(tb testing.TB, dsn string) *sql.DB
 	// Driver is the database/sql driver's name.
 	Driver string
 }
 
-// Backends returns every database system: PostgreSQL (the shared server,
-// a new database each time) and SQLite (a new file each time).
+// Backends returns every database system: PostgreSQL and MariaDB (the
+// shared servers, a new database each time) and SQLite (a new file each
+// time).
 func Backends() []Backend {
 	return []Backend{
 		{Name: "postgres", Driver: "pgx", Open: func(tb testing.TB) (*sql.DB, string) {
 			pg := dbtest.SharedPostgres(tb)
 			dsn := pg.NewDatabase(tb)
 			return pg.Open(tb, dsn), dsn
-		}},
+		}, Reopen: func(tb testing.TB, dsn string) *sql.DB { return open(tb, "pgx", dsn) }},
 		{Name: "sqlite", Driver: "sqlite", Open: func(tb testing.TB) (*sql.DB, string) {
 			dsn := SQLiteDSN(tb)
 			return OpenSQLite(tb, dsn), dsn
-		}},
+		}, Reopen: OpenSQLite},
+		{Name: "mariadb", Driver: "mysql", Open: func(tb testing.TB) (*sql.DB, string) {
+			m := dbtest.SharedMariaDB(tb)
+			dsn := m.NewDatabase(tb)
+			return m.Open(tb, dsn), dsn
+		}, Reopen: func(tb testing.TB, dsn string) *sql.DB { return open(tb, "mysql", dsn) }},
 	}
+}
+
+// open opens dsn with driver; the handle is closed when the test ends.
+func open(tb testing.TB, driver, dsn string) *sql.DB {
+	tb.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db
 }

@@ -1,0 +1,12 @@
+package dbtest
+
+import (
+	"os"
+	"testing"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	StopShared()
+	os.Exit(code)
+}

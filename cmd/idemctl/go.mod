@@ -3,6 +3,7 @@ module github.com/idem-go/idem/cmd/idemctl
 go 1.26.0
 
 require (
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idem-go/idem v0.1.0
 	github.com/idem-go/idem/idemsql v0.1.0
 	github.com/idem-go/idem/ledgertest v0.1.0
@@ -13,6 +14,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect

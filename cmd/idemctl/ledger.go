@@ -5,11 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql" // the "mysql" database/sql driver, for mysql://
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver, for postgres://
@@ -29,7 +31,8 @@ type ledgerDB struct {
 
 // openLedger opens the ledger that dsn names: postgres://… or
 // postgresql://… (pgx's database/sql driver), sqlite:PATH (a file that
-// must exist, opened read-only), or mysql://…. A DSN of none of these
+// must exist, opened read-only), or mysql://user:password@host:port/db
+// (go-sql-driver/mysql; or mysql:DSN in that driver's own form). A DSN of none of these
 // kinds, or malformed, is bad usage. Nothing is sent to the database yet.
 func openLedger(dsn, table string) (*ledgerDB, error) {
 	if table == "" || !validTable(table) {
@@ -62,9 +65,11 @@ func openLedger(dsn, table string) (*ledgerDB, error) {
 		}
 		driver, where, dialect = "sqlite", dsn, idemsql.SQLite
 	case "mysql":
-		// TODO: idemsql.MySQL (go-sql-driver/mysql) is being added; until
-		// it lands, say so instead of guessing.
-		return nil, usagef("-ledger mysql://…: MySQL and MariaDB ledgers are not supported yet by this idemctl; use postgres://… or sqlite:PATH")
+		var err error
+		if source, where, err = mysqlDSN(dsn, rest); err != nil {
+			return nil, err
+		}
+		driver, dialect = "mysql", idemsql.MySQL
 	default:
 		return nil, usagef("-ledger %q: want postgres://user@host:port/db, sqlite:PATH or mysql://user@host:port/db", redactDSN(dsn))
 	}
@@ -74,6 +79,44 @@ func openLedger(dsn, table string) (*ledgerDB, error) {
 	}
 	db.SetMaxOpenConns(1)
 	return &ledgerDB{db: db, ledger: idemsql.New(db, dialect, idemsql.WithTable(table)), where: where}, nil
+}
+
+// mysqlDSN turns -ledger mysql://user:password@host:port/db?params into
+// go-sql-driver/mysql's DSN (user:password@tcp(host:port)/db?params), and
+// takes mysql:DSN, the driver's own form, as it is. It returns the DSN and
+// the URL with its password hidden.
+func mysqlDSN(dsn, rest string) (source, where string, err error) {
+	if !strings.HasPrefix(rest, "//") {
+		cfg, err := mysql.ParseDSN(rest)
+		if err != nil {
+			return "", "", usagef("-ledger mysql:DSN: %v", redactErr(err, rest))
+		}
+		if cfg.DBName == "" {
+			return "", "", usagef("-ledger mysql:DSN names no database: want mysql:user@tcp(host:port)/db")
+		}
+		c := *cfg
+		c.Passwd = ""
+		return rest, "mysql:" + c.FormatDSN(), nil
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", "", usagef("-ledger: a malformed mysql:// URL: %v", redactErr(err, dsn))
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+	if u.Host == "" || db == "" || strings.Contains(db, "/") {
+		return "", "", usagef("-ledger %s: want mysql://user:password@host:port/db", u.Redacted())
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	cfg, err := mysql.ParseDSN("tcp(" + host + ")/" + db + "?" + u.RawQuery)
+	if err != nil {
+		return "", "", usagef("-ledger %s: %v", u.Redacted(), err)
+	}
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	return cfg.FormatDSN(), u.Redacted(), nil
 }
 
 // validTable reports whether name is a table name that idemsql.WithTable

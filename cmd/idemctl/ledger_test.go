@@ -4,11 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/internal/redistest"
@@ -45,6 +47,16 @@ func eachLedger(t *testing.T, f func(t *testing.T, s ledgerSetup)) {
 		pg := dbtest.SharedPostgres(t)
 		dsn := pg.NewDatabase(t)
 		withLedger(t, pg.Open(t, dsn), idemsql.Postgres, dsn, f)
+	})
+	t.Run("mariadb", func(t *testing.T) {
+		m := dbtest.SharedMariaDB(t)
+		dsn := m.NewDatabase(t)
+		// The DSN as an operator gives it: mysql://user@host:port/db.
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		withLedger(t, m.Open(t, dsn), idemsql.MySQL, "mysql://"+cfg.User+"@"+cfg.Addr+"/"+cfg.DBName, f)
 	})
 }
 
@@ -197,7 +209,9 @@ func TestLedgerBadDSN(t *testing.T) {
 		says string
 	}{
 		{"oracle://scott:tiger@db/x", 2, `want postgres://user@host:port/db, sqlite:PATH or mysql://`},
-		{"mysql://u:p@127.0.0.1:1/db", 2, "not supported yet"},
+		{"mysql://root:s3cret@127.0.0.1:1/db?timeout=2s", 1, "ledger mysql://root:xxxxx@127.0.0.1:1/db"},
+		{"mysql://root@127.0.0.1:1", 2, "want mysql://user:password@host:port/db"},
+		{"mysql:root:s3cret@tcp(127.0.0.1:1)/db?timeout=2s", 1, "ledger mysql:root@tcp(127.0.0.1:1)/db"},
 		{"sqlite:", 2, "names no file"},
 		{"sqlite:" + filepath.Join(dir, "missing.db"), 1, "idemctl reads an existing ledger; it creates none"},
 		{"postgres://alice:s3cret@127.0.0.1:1/db?connect_timeout=2", 1, "ledger postgres://alice:xxxxx@127.0.0.1:1/db"},
@@ -228,4 +242,59 @@ func TestLedgerBadDSN(t *testing.T) {
 	r.mustExit(t, 1, "the table idem_ledger is missing")
 	r = idemctl(t, "forget", "k", "-yes", "-redis", addr, "-ledger", "sqlite:"+path)
 	r.mustExit(t, 1, "nothing was forgotten")
+}
+
+// Issue 38, item 2: forget of a key whose record is gone and whose
+// tombstone is left (idem.WithTombstones) forgets the tombstone, so that
+// the next call runs the operation instead of getting ErrLateRetry; status
+// names the tombstone, and a second forget has nothing to forget.
+func TestForgetTombstone(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	ctx := context.Background()
+	const retention = time.Second
+	svc := idem.New(srv.Client(t), idem.WithLease(500*time.Millisecond), idem.WithRetention(retention), idem.WithTombstones(time.Hour), idem.WithLogger(nil))
+	defer svc.Close()
+	runs := 0
+	fn := func(context.Context) ([]byte, error) { runs++; return []byte("r"), nil }
+	if _, err := svc.Do(ctx, "k", "fp", fn); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := svc.Do(ctx, "k", "fp", fn)
+		if errors.Is(err, idem.ErrLateRetry) {
+			break
+		}
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("waiting for the retention to end: %v", err)
+		}
+		time.Sleep(retention / 4)
+	}
+	r := idemctl(t, "status", "k", "-redis", srv.Addr(), "-json")
+	r.mustExit(t, 0)
+	var j statusJSON
+	if err := json.Unmarshal([]byte(r.stdout), &j); err != nil {
+		t.Fatalf("%v:\n%s", err, r.stdout)
+	}
+	if j.State != "absent" || !j.Tombstone || !strings.Contains(j.Next, "refused with idem.ErrLateRetry") || len(j.Elsewhere) != 0 {
+		t.Fatalf("status of a tombstoned key: %+v", j)
+	}
+	r = idemctl(t, "forget", "k", "-yes", "-redis", srv.Addr())
+	r.mustExit(t, 0)
+	if !strings.Contains(r.stdout, `forgot key "k" (it was a tombstone)`) || !strings.Contains(r.stdout, "next:   the next call runs the operation as attempt 1") {
+		t.Fatalf("forget of a tombstoned key:\n%s", r.stdout)
+	}
+	if got, err := svc.Do(ctx, "k", "fp", fn); err != nil || string(got) != "r" || runs != 2 {
+		t.Fatalf("the call after forget: %q, %v, runs %d; want the operation run again", got, err, runs)
+	}
+	r = idemctl(t, "forget", "k", "-yes", "-redis", srv.Addr())
+	r.mustExit(t, 0)
+	if !strings.Contains(r.stdout, `forgot key "k" (it was done, attempt 1)`) {
+		t.Fatalf("forget of the new record:\n%s", r.stdout)
+	}
+	r = idemctl(t, "forget", "k", "-yes", "-redis", srv.Addr())
+	r.mustExit(t, 0)
+	if !strings.Contains(r.stdout, `key "k" has no record and no tombstone: nothing to forget`) {
+		t.Fatalf("forget of a forgotten key:\n%s", r.stdout)
+	}
 }

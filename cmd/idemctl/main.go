@@ -7,7 +7,8 @@
 //	idemctl check [flags]        whether Redis can keep idem's promises (idem's Client.Check)
 //
 // Flags go before or after the command and its key; -- ends them, for a
-// key that starts with '-'. With -ledger DSN (postgres://…, sqlite:PATH),
+// key that starts with '-'. With -ledger DSN (postgres://…, mysql://…,
+// sqlite:PATH),
 // status and forget also read the key's row in the service's ledger
 // (idemsql's table): whether it holds the key's outcome, and since when;
 // without it they say that they did not look. It talks to the Redis at -redis, an address
@@ -153,7 +154,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	scope := fs.String("scope", "", "status, forget: KEY is an HTTP Idempotency-Key that httpidem stored for this `principal` (what WithScope returned; '' without WithScope)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
 	fs.BoolVar(&o.yes, "yes", false, "confirm forget")
-	fs.StringVar(&o.ledger, "ledger", "", "status, forget: the `DSN` of the service's ledger (idemsql), read-only: postgres://user:password@host:port/db, or sqlite:PATH; without it the ledger is not looked at")
+	fs.StringVar(&o.ledger, "ledger", "", "status, forget: the `DSN` of the service's ledger (idemsql), read-only: postgres://user:password@host:port/db, mysql://user:password@host:port/db or sqlite:PATH; without it the ledger is not looked at")
 	fs.StringVar(&o.ledgerTable, "ledger-table", "idem_ledger", "status, forget: the ledger's `table` (idemsql.WithTable)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up status, forget and check after this `duration` (stats runs until done or interrupted)")
 	fs.IntVar(&o.top, "top", 10, "stats: how many of the biggest records to list")

@@ -3,8 +3,6 @@
 
 package idem
 
-import "errors"
-
 // Ack reports whether a message whose handler ran through Do, which
 // returned err, may be acknowledged to its broker (XACK, a Kafka offset
 // commit, a JetStream Ack, an SQS DeleteMessage): true when the key's
@@ -21,18 +19,7 @@ import "errors"
 // too for errors no redelivery cures (ErrInvalidKey, ErrCorrupt, a type
 // that Do[T] refuses): send those messages to a dead-letter queue rather
 // than acknowledge them, or they are lost.
-func Ack(err error) bool {
-	switch {
-	case err == nil:
-		return true
-	case errors.Is(err, ErrNotRecorded), errors.Is(err, ErrLeaseLost),
-		errors.Is(err, ErrInProgress), errors.Is(err, ErrClosed):
-		// Checked first: Do joins these with fn's permanent error when
-		// the failure could not be stored.
-		return false
-	case errors.Is(err, ErrConflict), errors.Is(err, ErrLateRetry), errors.Is(err, ErrTooLarge),
-		errors.Is(err, ErrDecode), IsPermanent(err):
-		return true
-	}
-	return false
-}
+//
+// Ack is VerdictOf(err).Settled(); VerdictOf(err).DeadLetter() tells the
+// dead letters.
+func Ack(err error) bool { return VerdictOf(err).Settled() }

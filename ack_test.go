@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,6 +171,43 @@ func TestAck(t *testing.T) {
 	add("ErrLeaseLost joined with fn's Permanent", errors.Join(idem.ErrLeaseLost, idem.Permanent(errors.New("x"))), false)
 	add("ErrInProgress joined with ctx.Err()", fmt.Errorf("%w: key %q, attempt 1: %w", idem.ErrInProgress, "k", context.Canceled), false)
 
+	add("ErrParked", fmt.Errorf("%w: key %q", idem.ErrParked, "k"), false)
+	add("ErrUnknownOutcome (matches ErrParked)", fmt.Errorf("%w: %w: key %q, step %q", idem.ErrUnknownOutcome, idem.ErrParked, "k", "charge"), false)
+	add("ErrStepAfterCommit", fmt.Errorf("%w: step %q: %w", idem.ErrStepAfterCommit, "email", errors.New("smtp down")), true)
+	add("ErrUnavailable", fmt.Errorf("%w: key %q: connection refused", idem.ErrUnavailable, "k"), false)
+
+	// The verdict of every row: Ack is its Settled, and the dead letters
+	// are the rows that neither settle nor can come back cured.
+	verdicts := map[string]idem.Verdict{
+		"success": idem.VerdictOutcome, "replayed success": idem.VerdictOutcome,
+		"owner's Permanent": idem.VerdictFailure, "replayed *StoredError": idem.VerdictFailure,
+		"owner's PermanentCode": idem.VerdictFailure, "ErrConflict, after done": idem.VerdictConflict,
+		"owner's result over WithMaxResultSize": idem.VerdictTooLarge, "replayed ErrTooLarge": idem.VerdictTooLarge,
+		"ErrEncode after fn ran (stored)":           idem.VerdictFailure,
+		"ErrDecode (a stored result, another type)": idem.VerdictUndecodable,
+		"ErrLateRetry (a tombstone)":                idem.VerdictLateRetry,
+		"fn's transient error":                      idem.VerdictTransient,
+		"ErrEncode before fn (T refused)":           idem.VerdictUnusable,
+		"ErrInvalidKey":                             idem.VerdictInvalidKey,
+		"ErrCorrupt":                                idem.VerdictUnusable,
+		"ErrInProgress":                             idem.VerdictInProgress,
+		"cancelled context":                         idem.VerdictContext,
+		"deadline exceeded":                         idem.VerdictContext,
+		"ErrLeaseLost":                              idem.VerdictNotRecorded,
+		"ErrNotRecorded":                            idem.VerdictNotRecorded,
+		"ErrNotRecorded joined with fn's Permanent": idem.VerdictNotRecorded,
+		"ErrNotReplicated":                          idem.VerdictNotRecorded,
+		"ErrClosed":                                 idem.VerdictUnavailable,
+		"Redis unreachable":                         idem.VerdictUnavailable,
+		"ErrExpired":                                idem.VerdictTransient,
+		"ErrLeaseLost joined with fn's Permanent":   idem.VerdictNotRecorded,
+		"ErrInProgress joined with ctx.Err()":       idem.VerdictInProgress,
+		"ErrParked":                                 idem.VerdictParked,
+		"ErrUnknownOutcome (matches ErrParked)":     idem.VerdictUnknownOutcome,
+		"ErrStepAfterCommit":                        idem.VerdictOutcome,
+		"ErrUnavailable":                            idem.VerdictUnavailable,
+	}
+	deadLetters := map[idem.Verdict]bool{idem.VerdictInvalidKey: true, idem.VerdictUnusable: true}
 	for _, r := range rows {
 		if r.err == nil && r.name != "success" && r.name != "replayed success" {
 			t.Errorf("%s: the call returned no error; the row tests nothing", r.name)
@@ -177,6 +215,26 @@ func TestAck(t *testing.T) {
 		}
 		if got := idem.Ack(r.err); got != r.want {
 			t.Errorf("%s: Ack(%v) = %v, want %v", r.name, r.err, got, r.want)
+		}
+		want, ok := verdicts[r.name]
+		if !ok {
+			t.Errorf("%s: no verdict in the table", r.name)
+			continue
+		}
+		v := idem.VerdictOf(r.err)
+		if v != want {
+			t.Errorf("%s: VerdictOf(%v) = %v, want %v", r.name, r.err, v, want)
+		}
+		if v.Settled() != r.want || v.DeadLetter() != deadLetters[want] {
+			t.Errorf("%s: %v: Settled %v, DeadLetter %v", r.name, v, v.Settled(), v.DeadLetter())
+		}
+	}
+	if len(verdicts) != len(rows) {
+		t.Errorf("%d verdicts for %d rows", len(verdicts), len(rows))
+	}
+	for v := idem.VerdictOutcome; v <= idem.VerdictTransient; v++ {
+		if strings.HasPrefix(v.String(), "Verdict(") {
+			t.Errorf("verdict %d has no name", int(v))
 		}
 	}
 }

@@ -343,3 +343,29 @@ func ExampleDo_consumer() {
 	// applied evt-2: +12 to acct-B
 	// map[acct-A:30 acct-B:12] unacknowledged: 0
 }
+
+// VerdictOf tells a consumer what to do with a message whose handler ran
+// through Do: acknowledge it, dead-letter it, or leave it for a
+// redelivery.
+func ExampleVerdictOf() {
+	for _, err := range []error{
+		nil,
+		idem.ErrConflict,
+		fmt.Errorf("%w: key %q", idem.ErrInProgress, "order-1"),
+		fmt.Errorf("%w: empty key", idem.ErrInvalidKey),
+	} {
+		switch v := idem.VerdictOf(err); {
+		case v.Settled():
+			fmt.Println(v, "→ acknowledge")
+		case v.DeadLetter():
+			fmt.Println(v, "→ dead letter")
+		default:
+			fmt.Println(v, "→ redeliver later")
+		}
+	}
+	// Output:
+	// outcome → acknowledge
+	// conflict → acknowledge
+	// in progress → redeliver later
+	// invalid key → dead letter
+}

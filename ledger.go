@@ -385,6 +385,23 @@ func (p *pending) decided() decision {
 	return decision{p.outcome, p.mine, p.value, p.since}
 }
 
+// LedgerDecided reports whether a commit through the ledger has decided
+// the outcome of the call that ctx belongs to (fn's context, or one
+// derived from it), and whether that outcome is this attempt's own commit
+// (mine) or one the ledger held already, which Do returns instead of fn's
+// result (Commit returned ErrRecorded or ErrConflict). A door that runs a
+// handler as fn reads it when the handler returns, to answer a recorded
+// outcome as a replay. Outside fn, or for a Client without a ledger, it
+// returns false, false.
+func LedgerDecided(ctx context.Context) (decided, mine bool) {
+	p := pendingIn(ctx)
+	if p == nil {
+		return false, false
+	}
+	d := p.decided()
+	return d.e != nil, d.mine
+}
+
 // pendingIn returns the *pending of the call whose fn has ctx, or nil.
 func pendingIn(ctx context.Context) *pending {
 	p, _ := ctx.Value(pendingKey{}).(*pending)

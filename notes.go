@@ -204,14 +204,14 @@ func (cl *call) report(ctx context.Context, err error, returned bool) {
 // before it reached Redis, or shared the outcome of a concurrent call in
 // this process, or its wait ended.
 func outcomeOf(err error) EventKind {
-	switch {
-	case err == nil, IsPermanent(err):
+	switch VerdictOf(err) {
+	case VerdictOutcome, VerdictFailure, VerdictTooLarge:
 		return EventReplayed
-	case errors.Is(err, ErrConflict):
+	case VerdictConflict:
 		return EventConflict
-	case errors.Is(err, ErrInProgress):
+	case VerdictInProgress:
 		return EventInProgress
-	case errors.Is(err, ErrLateRetry):
+	case VerdictLateRetry:
 		return EventLateRetry
 	}
 	return EventError

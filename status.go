@@ -69,12 +69,23 @@ func (c *Client) Status(ctx context.Context, key string) (Status, error) {
 	if err := c.checkCall(ctx, key); err != nil {
 		return Status{}, err
 	}
-	rk := c.recordKey(key)
-	v, err := statusScript.Run(ctx, c.rdb, []string{rk, c.tomb.base(c.cfg.prefix, rk)}, tombstoneField(rk)).Slice()
+	v, err := c.status(ctx, key, false)
 	if err != nil {
 		return Status{}, fmt.Errorf("idem: status of key %q: %w", key, err)
 	}
 	return parseStatus(key, v)
+}
+
+// status runs lua/status.lua for key; withRecord asks for a finished
+// record itself too (Result). The tombstones it looks in are every
+// Client's, whether or not this one leaves any.
+func (c *Client) status(ctx context.Context, key string, withRecord bool) ([]any, error) {
+	rk := c.recordKey(key)
+	keys := []string{rk, c.tomb.base(c.cfg.prefix, rk)}
+	if withRecord {
+		return statusScript.Run(ctx, c.rdb, keys, tombstoneField(rk), "1").Slice()
+	}
+	return statusScript.Run(ctx, c.rdb, keys, tombstoneField(rk)).Slice()
 }
 
 func parseStatus(key string, v []any) (Status, error) {
@@ -86,7 +97,7 @@ func parseStatus(key string, v []any) (Status, error) {
 			return bad(why)
 		}
 	}
-	if len(v) != 6 {
+	if len(v) != 6 && len(v) != 7 {
 		return bad("unexpected status reply")
 	}
 	now, ok1 := v[0].(int64)

@@ -41,3 +41,5 @@ replace (
 	github.com/idem-go/idem => ../
 	github.com/idem-go/idem/idemsql => ../idemsql
 )
+
+replace github.com/idem-go/idem/ledgertest => ../ledgertest

@@ -94,6 +94,31 @@
 // so the key is finished as a failure (the log says so) and retries get
 // Internal with ReasonNotStored, never a second run.
 //
+// # Exactly-once through the ledger
+//
+// Redis cannot join the handler's database transaction: with Redis alone,
+// a response stored after the business change committed can be lost (a
+// crash between the two, a Redis restart without persistence), and a
+// retry then runs the handler again. With a ledger in the handler's own
+// database (idem.WithLedger on the interceptor's Client), the handler
+// commits its response with its business change: Recorded(ctx, resp) is
+// the response and the metadata set so far in the form the interceptor
+// stores them; the handler commits it in its transaction, then returns
+// resp:
+//
+//	b, err := grpcidem.Recorded(ctx, resp)
+//	if err != nil { ... }
+//	err = idemsql.Commit(ctx, tx, b) // or idempgx.Commit
+//	return resp, nil
+//
+// The database's unique key on the idempotency key decides: when the
+// commit finds the key recorded already (another live owner committed
+// first, or Redis lost the record and this is a retry), the transaction
+// rolls back, business change and all, and the interceptor returns the
+// recorded response and its metadata, marked replayed, not what this
+// handler returns (idem.LedgerDecided tells it which). A takeover after a
+// crash finds the committed response before the handler runs.
+//
 // # Keys and scopes
 //
 // A key is one metadata value of 1 to WithMaxKeyLen visible ASCII
@@ -133,8 +158,10 @@
 // again.
 //
 // To record the metadata it sets, the handler's context carries a
-// grpc.ServerTransportStream of the interceptor's, which passes every call
-// on to gRPC's own: grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer and
+// grpc.ServerTransportStream of the interceptor's, which holds what
+// grpc.SetHeader and grpc.SetTrailer set until the handler returns, then
+// sets it on gRPC's own (unless the ledger decided another outcome, whose
+// metadata the replay sets), and passes the rest on: grpc.SendHeader and
 // grpc.Method work as usual, but the experimental grpc.SetSendCompressor
 // and grpc.ClientSupportedCompressors, which need gRPC's own stream, fail
 // behind the interceptor.

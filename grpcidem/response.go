@@ -16,14 +16,19 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
-// capture records the header and trailer metadata a handler sets, on
-// their way to the call's real stream.
+// capture records the header and trailer metadata a handler sets. What
+// the handler sets (SetHeader, SetTrailer) is held until it returns, then
+// set on the call's real stream (flush), or dropped when the ledger
+// decided another outcome, whose metadata the replay sets instead; what it
+// sends (SendHeader) goes out at once.
 type capture struct {
 	grpc.ServerTransportStream
 
 	mu      sync.Mutex
-	header  metadata.MD // guarded by mu
+	header  metadata.MD // guarded by mu; all the header set or sent
 	trailer metadata.MD // guarded by mu
+	held    metadata.MD // guarded by mu; the header set and not yet on the stream
+	sent    bool        // guarded by mu; the header went out (SendHeader)
 }
 
 // captureMetadata returns a context whose stream records what the handler
@@ -37,37 +42,56 @@ func captureMetadata(ctx context.Context) (context.Context, *capture) {
 	return grpc.NewContextWithServerTransportStream(ctx, c), c
 }
 
-// SetHeader sets the header on the real stream and records it.
+// SetHeader records the header, for the real stream once the handler
+// returns; after SendHeader, it goes to the real stream, which refuses it.
 func (c *capture) SetHeader(md metadata.MD) error {
-	if err := c.ServerTransportStream.SetHeader(md); err != nil {
-		return err
-	}
-	c.add(&c.header, md)
-	return nil
-}
-
-// SendHeader sends the header on the real stream and records it.
-func (c *capture) SendHeader(md metadata.MD) error {
-	if err := c.ServerTransportStream.SendHeader(md); err != nil {
-		return err
-	}
-	c.add(&c.header, md)
-	return nil
-}
-
-// SetTrailer sets the trailer on the real stream and records it.
-func (c *capture) SetTrailer(md metadata.MD) error {
-	if err := c.ServerTransportStream.SetTrailer(md); err != nil {
-		return err
-	}
-	c.add(&c.trailer, md)
-	return nil
-}
-
-func (c *capture) add(to *metadata.MD, md metadata.MD) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	*to = metadata.Join(*to, md)
+	if c.sent {
+		return c.ServerTransportStream.SetHeader(md)
+	}
+	c.header = metadata.Join(c.header, md)
+	c.held = metadata.Join(c.held, md)
+	return nil
+}
+
+// SendHeader sends the header held and md on the real stream, and
+// records md.
+func (c *capture) SendHeader(md metadata.MD) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.ServerTransportStream.SendHeader(metadata.Join(c.held, md)); err != nil {
+		return err
+	}
+	c.header = metadata.Join(c.header, md)
+	c.held, c.sent = nil, true
+	return nil
+}
+
+// SetTrailer records the trailer, for the real stream once the handler
+// returns.
+func (c *capture) SetTrailer(md metadata.MD) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trailer = metadata.Join(c.trailer, md)
+	return nil
+}
+
+// flush sets what the handler set on the real stream: its outcome is the
+// call's answer.
+func (c *capture) flush() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.held) > 0 && !c.sent {
+		_ = c.ServerTransportStream.SetHeader(c.held)
+	}
+	if len(c.trailer) > 0 {
+		_ = c.ServerTransportStream.SetTrailer(c.trailer)
+	}
+	c.held = nil
 }
 
 // recorded returns the header and trailer recorded.
@@ -77,7 +101,7 @@ func (c *capture) recorded() (header, trailer metadata.MD) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.header, c.trailer
+	return c.header.Copy(), c.trailer.Copy()
 }
 
 // response is a response as the interceptor stores and replays it.

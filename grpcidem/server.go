@@ -1,6 +1,7 @@
 package grpcidem
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -75,6 +76,9 @@ type call struct {
 	resp    any
 	err     error
 	capture *capture // the metadata the handler set; nil outside a server
+	// Whether a ledger commit decided the outcome (idem.LedgerDecided),
+	// and whether it was the handler's own.
+	decided, mine bool
 }
 
 // intercept reads the key, the scope and the fingerprint, and runs the
@@ -110,9 +114,16 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	res, err := s.c.Do(ctx, cl.key, fp, func(ctx context.Context) ([]byte, error) {
 		return cl.run(ctx, req, handler)
 	})
-	if cl.ran {
+	switch {
+	case cl.ran && cl.decided && cl.mine && err == nil:
+		return cl.answerCommitted(res)
+	case cl.ran && (!cl.decided || cl.mine):
+		cl.capture.flush()
 		return cl.answerOwner(err)
 	}
+	// The handler did not run here, or its commit met the ledger's row:
+	// the answer is the recorded outcome's (what the handler set is
+	// dropped).
 	if err != nil {
 		return nil, cl.answerError(err)
 	}
@@ -125,7 +136,8 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 func (cl *call) run(ctx context.Context, req any, handler grpc.UnaryHandler) ([]byte, error) {
 	cl.ran = true
 	ctx, cl.capture = captureMetadata(ctx)
-	cl.resp, cl.err = handler(ctx, req)
+	cl.resp, cl.err = handler(context.WithValue(ctx, callKey{}, cl), req)
+	cl.decided, cl.mine = idem.LedgerDecided(ctx)
 	if cl.err != nil {
 		st := status.Convert(cl.err)
 		code := st.Code()
@@ -166,6 +178,30 @@ func (cl *call) answerOwner(err error) (any, error) {
 		cl.log(slog.LevelWarn, "grpcidem: response not stored: it cannot be encoded; retries get Internal", err)
 	}
 	return cl.resp, cl.err
+}
+
+// answerCommitted returns the outcome that the handler committed through
+// the ledger (res, Recorded's bytes), as its own, not a replay: the
+// handler's response and metadata when they are what was committed; else
+// (the handler changed them after Recorded, or returned an error) what was
+// committed, as every retry will get it.
+func (cl *call) answerCommitted(res []byte) (any, error) {
+	if b, err := encodeResponse(cl.resp, cl.capture); cl.err == nil && err == nil && bytes.Equal(b, res) {
+		cl.capture.flush()
+		return cl.answerOwner(nil)
+	}
+	r, err := decodeResponse(res)
+	if err == nil {
+		var m proto.Message
+		if m, err = r.message(); err == nil {
+			cl.log(slog.LevelWarn, "grpcidem: the handler's answer differs from the response it committed (grpcidem.Recorded); the call gets what was committed", cl.err)
+			cl.setMetadata(r.header, r.trailer, false)
+			return m, nil
+		}
+	}
+	cl.log(slog.LevelError, "grpcidem: the handler committed a value that is not grpcidem.Recorded's; retries get Internal", err)
+	cl.capture.flush()
+	return cl.answerOwner(nil)
 }
 
 // answerError answers a call whose handler did not run here.
@@ -216,7 +252,7 @@ func (cl *call) replay(res []byte) (any, error) {
 	if err == nil {
 		var m proto.Message
 		if m, err = r.message(); err == nil {
-			cl.setMetadata(r.header, r.trailer)
+			cl.setMetadata(r.header, r.trailer, true)
 			return m, nil
 		}
 	}
@@ -232,7 +268,7 @@ func (cl *call) replayFailure(stored *idem.StoredError) error {
 		if !known {
 			c = codes.Unknown
 		}
-		cl.setMetadata(nil, nil)
+		cl.setMetadata(nil, nil, true)
 		return status.Error(c, stored.Message)
 	case stored.Code == codeNotStored, errors.Is(stored, idem.ErrTooLarge):
 		return errNotStoredStatus(cl.s)
@@ -244,15 +280,17 @@ func (cl *call) replayFailure(stored *idem.StoredError) error {
 	}
 }
 
-// setMetadata sets the header (marked replayed) and the trailer of a
-// replay. Outside a gRPC server (an interceptor called directly) there is
-// nothing to set them on.
-func (cl *call) setMetadata(header, trailer metadata.MD) {
+// setMetadata sets the header (marked replayed on a replay) and the
+// trailer of a stored response. Outside a gRPC server (an interceptor
+// called directly) there is nothing to set them on.
+func (cl *call) setMetadata(header, trailer metadata.MD, replayed bool) {
 	h := metadata.MD{}
 	for k, vs := range header {
 		h[k] = vs
 	}
-	h.Set(HeaderReplayed, "true")
+	if replayed {
+		h.Set(HeaderReplayed, "true")
+	}
 	_ = grpc.SetHeader(cl.ctx, h)
 	if len(trailer) > 0 {
 		_ = grpc.SetTrailer(cl.ctx, trailer)

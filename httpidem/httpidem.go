@@ -88,6 +88,30 @@
 // with a 5xx, so that a retry runs it again. A handler that writes nothing
 // answers 200 with an empty body, as under net/http, and that is stored.
 //
+// # Exactly-once through the ledger
+//
+// Redis cannot join the handler's database transaction: with Redis alone,
+// a response stored after the business change committed can be lost (a
+// crash between the two, a Redis restart without persistence), and a
+// retry then runs the handler again. With a ledger in the handler's own
+// database (idem.WithLedger on the middleware's Client), the handler
+// commits its response with its business change: it writes the response,
+// then commits Recorded(w), the response in the form the middleware
+// stores, in its transaction, and returns:
+//
+//	b, err := httpidem.Recorded(w)
+//	if err != nil { ... }
+//	err = idemsql.Commit(r.Context(), tx, b) // or idempgx.Commit
+//
+// The database's unique key on the idempotency key decides: when the
+// commit finds the key recorded already (another live owner committed
+// first, or Redis lost the record and this is a retry), the transaction
+// rolls back, business change and all, and the middleware answers with the
+// recorded response, byte for byte, with Idempotent-Replayed: true, not
+// with what this handler wrote (idem.LedgerDecided tells it which). A
+// takeover after a crash finds the committed response before the handler
+// runs.
+//
 // # Buffering, Flusher and Hijacker
 //
 // The response is buffered, up to WithMaxResponse, so that it can be stored
@@ -516,15 +540,25 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// rec is set when fn runs: this request's handler ran, so its response
-	// is the original, not a replay.
-	var rec *recorder
+	// is the original, not a replay, unless the handler's ledger commit
+	// found another's outcome recorded (the ledger decided, not mine): Do
+	// returns that one, to be answered as any replay.
+	var (
+		rec           *recorder
+		decided, mine bool
+	)
 	key = ScopedKey(scope, key)
 	res, err := m.c.Do(r.Context(), key, fp, func(ctx context.Context) ([]byte, error) {
 		rec = newRecorder(w, m.cfg.maxResponse, m.private)
 		m.next.ServeHTTP(rec, r.WithContext(ctx))
+		decided, mine = idem.LedgerDecided(ctx)
 		return rec.outcome()
 	})
-	if rec != nil {
+	switch {
+	case rec != nil && decided && mine && err == nil:
+		m.answerCommitted(w, r, key, rec, res)
+		return
+	case rec != nil && (!decided || mine || rec.streamed):
 		m.answerOwner(w, r, key, rec, err)
 		return
 	}
@@ -566,6 +600,26 @@ func (m *middleware) answerOwner(w http.ResponseWriter, r *http.Request, key str
 		m.fail(w, ProblemNotRecorded, http.StatusInternalServerError,
 			"the request was processed, but its response could not be recorded; a retry may run it again")
 	}
+}
+
+// answerCommitted sends the response that the handler committed through
+// the ledger (res, Recorded's bytes), as its own, not a replay: the
+// handler's response itself, with its per-user headers, when it is what
+// was committed; else (the handler wrote on after Recorded) what was
+// committed, as every retry will get it.
+func (m *middleware) answerCommitted(w http.ResponseWriter, r *http.Request, key string, rec *recorder, res []byte) {
+	if rec.streamed || bytes.Equal(res, rec.stored()) {
+		m.answerOwner(w, r, key, rec, nil)
+		return
+	}
+	resp, err := decodeResponse(res)
+	if err != nil {
+		m.log(r, key, slog.LevelError, "httpidem: the handler committed a value that is not httpidem.Recorded's; retries get 500", err)
+		rec.response().write(w, false)
+		return
+	}
+	m.log(r, key, slog.LevelWarn, "httpidem: the handler wrote to its response after committing it (httpidem.Recorded); it gets what was committed", nil)
+	resp.write(w, false)
 }
 
 // answerError answers a request whose handler did not run here.

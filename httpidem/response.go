@@ -325,11 +325,17 @@ func (rec *recorder) outcome() ([]byte, error) {
 	case rec.streamed:
 		return nil, idem.Permanent(fmt.Errorf("%w: over the limit of %d bytes", errNotStored, rec.limit))
 	}
+	return rec.stored(), nil
+}
+
+// stored returns the stored form of the buffered response: without the
+// headers that are not stored (private).
+func (rec *recorder) stored() []byte {
 	resp := rec.response()
 	for k := range resp.header {
 		if rec.private[http.CanonicalHeaderKey(k)] {
 			delete(resp.header, k)
 		}
 	}
-	return resp.encode(), nil
+	return resp.encode()
 }

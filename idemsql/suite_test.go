@@ -17,15 +17,19 @@ func TestLedgertest(t *testing.T) {
 	for _, be := range servertest.Backends() {
 		t.Run(be.Name, func(t *testing.T) {
 			t.Parallel()
-			ledgertest.Exercise(t, ledgertest.Driver{Name: "idemsql/" + be.Name, Open: func(tb testing.TB) ledgertest.Backend {
-				return openSuiteBackend(tb, be)
-			}})
+			ledgertest.Exercise(t, ledgertest.Driver{Name: "idemsql/" + be.Name,
+				Open: func(tb testing.TB) ledgertest.Backend { return openSuiteBackend(tb, be) },
+				Reopen: func(tb testing.TB, dsn string) ledgertest.Backend {
+					db := be.Reopen(tb, dsn)
+					return &suiteBackend{tb: tb, be: be, db: db, l: idemsql.New(db, dialects[be.Name]), dsn: dsn}
+				},
+			})
 		})
 	}
 }
 
 func openSuiteBackend(tb testing.TB, be servertest.Backend) *suiteBackend {
-	db, _ := be.Open(tb)
+	db, dsn := be.Open(tb)
 	l := idemsql.New(db, dialects[be.Name])
 	ctx := context.Background()
 	if err := l.Migrate(ctx); err != nil {
@@ -34,17 +38,20 @@ func openSuiteBackend(tb testing.TB, be servertest.Backend) *suiteBackend {
 	if _, err := db.ExecContext(ctx, "CREATE TABLE suite_movements (account TEXT NOT NULL)"); err != nil {
 		tb.Fatal(err)
 	}
-	return &suiteBackend{tb: tb, be: be, db: db, l: l}
+	return &suiteBackend{tb: tb, be: be, db: db, l: l, dsn: dsn}
 }
 
 // suiteBackend is idemsql's ledgertest.Backend: a database/sql database
 // with idemsql's ledger and a movements table.
 type suiteBackend struct {
-	tb testing.TB
-	be servertest.Backend
-	db *sql.DB
-	l  *idemsql.Ledger
+	tb  testing.TB
+	be  servertest.Backend
+	db  *sql.DB
+	l   *idemsql.Ledger
+	dsn string
 }
+
+func (b *suiteBackend) DSN() string { return b.dsn }
 
 func (b *suiteBackend) Ledger() idem.Ledger { return b.l }
 

@@ -68,8 +68,15 @@
 //	}
 //	return idemsql.Commit(ctx, tx, []byte(nil))
 //
-// examples/events does this on SQLite, killing consumer processes as
-// they commit.
+// When the commit finds the key recorded already (Redis lost the record
+// and the entry came again, or a second live owner committed first), the
+// transaction rolls back and Commit returns an error wrapping
+// idem.ErrRecorded: return it, and the entry is acknowledged with the
+// recorded outcome, its change applied once. A handler behind the ledger
+// commits on every path that changes something: a change committed
+// without idemsql.Commit (or idempgx.Commit) is not covered. The Ledger
+// example shows this with a stand-in for the database; examples/events
+// does it on SQLite, killing consumer processes as they commit.
 //
 // # Stopping
 //

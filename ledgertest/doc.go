@@ -36,7 +36,12 @@
 //     Commit in one call;
 //   - keys as bytes (case, trailing spaces, NUL, invalid UTF-8 and
 //     Unicode normalization are distinct keys), and the ledger's key
-//     limit (MaxKeyLen) enforced before fn runs.
+//     limit (MaxKeyLen) enforced before fn runs;
+//   - a child process debiting 20 keys, killed with SIGKILL up to 8 times
+//     at random reports, half of them right after a COMMIT and before
+//     Redis heard of it: every key ends with one movement, and its
+//     receipt is replayed after FLUSHALL (for a Driver with Reopen and a
+//     Backend that implements Reopener; skipped under -short).
 //
 // Its subpackage dbtest starts the real servers the tests need: Redis and
 // PostgreSQL, each on a free loopback port in a temporary directory, as an

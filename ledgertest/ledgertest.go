@@ -21,6 +21,11 @@ type Driver struct {
 	// the business table. What it opens is closed when tb ends. The suite
 	// calls it once per scenario.
 	Open func(tb testing.TB) Backend
+
+	// Reopen, if set, opens in another process the database of a backend
+	// that Open returned, from its DSN (see Reopener): the kill scenario
+	// runs a child process on it. Without it, that scenario is skipped.
+	Reopen func(tb testing.TB, dsn string) Backend
 }
 
 // Backend is one database as the suite drives it: the ledger under test,
@@ -74,7 +79,10 @@ type Tx interface {
 }
 
 // Exercise runs every scenario of the suite on d, each as a subtest of t
-// on a backend of its own. The scenarios talk to a real redis-server that
+// on a backend of its own. The kill scenario runs this test binary again,
+// on t's test alone, as a child process that Exercise recognizes by its
+// environment: call Exercise from a test whose name the child can select,
+// and nothing else in the child's way. The scenarios talk to a real redis-server that
 // the suite starts on a free loopback port (skipped with a message where
 // none is installed, unless IDEM_REQUIRE_REDIS=1).
 func Exercise(t *testing.T, d Driver) {
@@ -82,9 +90,13 @@ func Exercise(t *testing.T, d Driver) {
 	if d.Open == nil {
 		t.Fatal("ledgertest: Driver.Open is nil")
 	}
+	if childMode(t, d) {
+		return
+	}
 	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) {
 			s.run(t, newEnv(t, d))
 		})
 	}
+	t.Run("KilledChild", func(t *testing.T) { killedChild(t, newEnv(t, d), d) })
 }

@@ -14,13 +14,22 @@
 // (100000 cents); a debit larger than the balance gets 402, which is
 // replayed like a success.
 //
+// The accounts live in SQLite, and so does the ledger (idemsql): the
+// handler commits its response (httpidem.Recorded) in the debit's
+// transaction (idemsql.Commit). A retry after Redis lost the key's record
+// (FLUSHALL, a restart without persistence, or this service restarted on
+// its embedded miniredis with the same -db) runs the handler again, whose
+// commit meets the ledger's row: the transaction rolls back, debit and
+// all, and the retry gets the committed response, marked replayed.
+//
 // Usage (from the examples directory, a module of its own):
 //
-//	go run ./httpdebit [-addr localhost:8080] [-redis ADDR] [-delay D]
+//	go run ./httpdebit [-addr localhost:8080] [-redis ADDR] [-db FILE] [-delay D]
 //
 // Without -redis it runs on an embedded miniredis. With one, it stores its
-// records under the key prefix "httpdebit" for an hour. -delay makes every
-// debit take that long at the bank, to see duplicates wait for the first
+// records under the key prefix "httpdebit" for an hour. Without -db the
+// database is a temporary file, removed when the service stops. -delay
+// makes every debit take that long, to see duplicates wait for the first
 // request. Stop it with Ctrl-C.
 package main
 
@@ -35,6 +44,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -47,19 +57,23 @@ import (
 type config struct {
 	addr  string        // where to listen
 	redis string        // Redis address; "" for an embedded miniredis
-	delay time.Duration // how long each debit takes at the bank
+	db    string        // SQLite file; "" for a temporary one
+	delay time.Duration // how long each debit takes
 }
 
 func main() {
 	var cfg config
 	flag.StringVar(&cfg.addr, "addr", "localhost:8080", "address to listen on")
 	flag.StringVar(&cfg.redis, "redis", "", "address of a Redis server to use instead of an embedded miniredis")
-	flag.DurationVar(&cfg.delay, "delay", 0, "how long each debit takes at the bank")
+	flag.StringVar(&cfg.db, "db", "", "SQLite file of the accounts and the ledger (default: a temporary file, removed at exit)")
+	flag.DurationVar(&cfg.delay, "delay", 0, "how long each debit takes")
 	flag.Usage = func() {
 		fmt.Fprint(flag.CommandLine.Output(), `httpdebit serves a debit API behind the httpidem middleware: POST /debits
 debits an account once per Idempotency-Key and replays its answer to every
 retry with the key (Idempotent-Replayed: true); GET /accounts/{id} shows an
-account. Records live in an embedded miniredis unless -redis names a server.
+account. Records live in an embedded miniredis unless -redis names a server;
+the accounts and the ledger, in which each debit commits its response, live
+in SQLite (-db), so a retry never debits twice, even after Redis lost data.
 
 Usage: httpdebit [flags]
 `)
@@ -102,7 +116,21 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer, ready func(a
 		return fmt.Errorf("redis at %s: %w", redisAddr, err)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	opts := []idem.Option{idem.WithPrefix("httpdebit"), idem.WithRetention(time.Hour)}
+	dbPath := cfg.db
+	if dbPath == "" {
+		dir, err := os.MkdirTemp("", "httpdebit-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		dbPath = filepath.Join(dir, "bank.db")
+	}
+	bk, err := openBank(ctx, dbPath, cfg.delay)
+	if err != nil {
+		return fmt.Errorf("database %s: %w", dbPath, err)
+	}
+	defer func() { err = errors.Join(err, bk.db.Close()) }()
+	opts := []idem.Option{idem.WithPrefix("httpdebit"), idem.WithRetention(time.Hour), idem.WithLedger(bk.ledger)}
 	if cfg.redis != "" {
 		// miniredis has no CONFIG GET, so the Client's warning about the
 		// eviction policy would only be noise on the embedded one.
@@ -115,8 +143,8 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer, ready func(a
 	if err != nil {
 		return err
 	}
-	s := &service{bank: newBank(cfg.delay)}
-	srv := &http.Server{Handler: s.routes(keys, logger), ReadHeaderTimeout: 10 * time.Second}
+	s := &service{bank: bk, logger: logger}
+	srv := &http.Server{Handler: s.routes(keys), ReadHeaderTimeout: 10 * time.Second}
 	fmt.Fprintf(stdout, "httpdebit: listening on http://%s (%s)\n", ln.Addr(), where)
 	if ready != nil {
 		ready(ln.Addr().String())

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem/httpidem"
 	"github.com/idem-go/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
@@ -236,4 +238,67 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// Redis loses the key's record: FLUSHALL on a real server, or the service
+// restarted on a new embedded miniredis with the same database. The retry
+// runs the handler, whose commit meets the ledger's row: it gets the
+// committed response, replayed, and the account is debited once; so do 10
+// concurrent duplicates after another loss.
+func TestRetryAfterRedisLostTheRecord(t *testing.T) {
+	check := func(t *testing.T, c *http.Client, base string, first reply) {
+		t.Helper()
+		retry := post(t, c, base, "alice", "lost-1", `{"account":"L","amount":700}`)
+		if retry.status != http.StatusCreated || !retry.replayed || retry.body != first.body {
+			t.Errorf("retry after the loss: %+v; want the committed %s, replayed", retry, first.body)
+		}
+		if a := getAccount(t, c, base, "L"); a.Balance != openingBalance-700 || len(a.Debits) != 1 {
+			t.Errorf("account L: %+v; want one debit", a)
+		}
+	}
+	t.Run("redis FLUSHALL", func(t *testing.T) {
+		srv := redistest.Start(t, redistest.Config{})
+		base := start(t, config{redis: srv.Addr()})
+		c := client(t)
+		first := post(t, c, base, "alice", "lost-1", `{"account":"L","amount":700}`)
+		if first.status != http.StatusCreated || first.replayed {
+			t.Fatalf("first: %+v", first)
+		}
+		flush := func() {
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+			defer rdb.Close()
+			if err := rdb.FlushAll(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		flush()
+		check(t, c, base, first)
+		flush()
+		var wg sync.WaitGroup
+		replies := make([]reply, 10)
+		for i := range replies {
+			c := client(t)
+			wg.Go(func() { replies[i] = post(t, c, base, "alice", "lost-1", `{"account":"L","amount":700}`) })
+		}
+		wg.Wait()
+		for i, r := range replies {
+			if r.status != http.StatusCreated || !r.replayed || r.body != first.body {
+				t.Errorf("duplicate %d after the loss: %+v; want the committed %s, replayed", i, r, first.body)
+			}
+		}
+		check(t, c, base, first)
+	})
+	t.Run("restart on miniredis", func(t *testing.T) {
+		cfg := config{db: filepath.Join(t.TempDir(), "bank.db")}
+		c := client(t)
+		var first reply
+		t.Run("before", func(t *testing.T) {
+			first = post(t, c, start(t, cfg), "alice", "lost-1", `{"account":"L","amount":700}`)
+			if first.status != http.StatusCreated || first.replayed {
+				t.Fatalf("first: %+v", first)
+			}
+		}) // the service stops: its miniredis is gone
+		c.CloseIdleConnections()
+		check(t, c, start(t, cfg), first)
+	})
 }

@@ -75,7 +75,11 @@
 // checkpointed beside the record (compare-and-set on the owner token), and
 // a later attempt resumes after the last checkpointed step. StepKey gives
 // each step a stable key for the downstream system, which alone covers a
-// step that acted and crashed before its checkpoint. See docs/steps.md.
+// step that acted and crashed before its checkpoint. For a downstream
+// with no idempotency key, StepChecked stores an intent before it acts,
+// and a later attempt asks the downstream (check) instead of acting
+// again; what it cannot settle is parked (ErrUnknownOutcome) until an
+// operator resolves it (Resolve, ResolveNotApplied). See docs/steps.md.
 //
 // # Typed results
 //

@@ -48,7 +48,7 @@ func WithPollInterval(d time.Duration) Option {
 func NoPolling(c *Client) { c.firstPoll = time.Hour }
 
 // ScriptSource is the full source of the named script ("claim",
-// "complete", "release", "renew", "status", "step") as sent to Redis,
+// "complete", "release", "renew", "status", "step", "stepcheck") as sent to Redis,
 // helpers included.
 func ScriptSource(name string) string { return scriptByName(name).Src }
 
@@ -69,6 +69,8 @@ func scriptByName(name string) pipeline.Script {
 		return statusScript
 	case "step":
 		return stepScript
+	case "stepcheck":
+		return stepCheckScript
 	}
 	panic("no script " + name)
 }

@@ -33,14 +33,17 @@ var (
 	forgetSrc string
 	//go:embed lua/step.lua
 	stepSrc string
+	//go:embed lua/stepcheck.lua
+	stepCheckSrc string
 
-	claimScript    = newScript(claimSrc)
-	completeScript = newScript(completeSrc)
-	releaseScript  = newScript(releaseSrc)
-	renewScript    = newScript(renewSrc)
-	statusScript   = newScript(statusSrc)
-	forgetScript   = newScript(forgetSrc)
-	stepScript     = newScript(stepSrc)
+	claimScript     = newScript(claimSrc)
+	completeScript  = newScript(completeSrc)
+	releaseScript   = newScript(releaseSrc)
+	renewScript     = newScript(renewSrc)
+	statusScript    = newScript(statusSrc)
+	forgetScript    = newScript(forgetSrc)
+	stepScript      = newScript(stepSrc)
+	stepCheckScript = newScript(stepCheckSrc)
 )
 
 // newScript inserts the helpers of lua/record.lua into a script where it

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/codec"
+	"github.com/idem-go/idem/internal/pipeline"
 )
 
 // Step runs fn once per operation as the step called name of the Do call
@@ -95,7 +96,7 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	if err != nil && s.committed() {
 		// The commit landed while the step ran: no attempt will run it again.
 		if IsPermanent(err) {
-			err = s.fail(ctx, name, err)
+			err = s.fail(ctx, name, err, stepScript)
 		}
 		return zero, s.afterCommit(fmt.Errorf("%w: step %q did not finish: it failed after the operation's outcome was committed to the ledger (key %q): %w",
 			ErrStepAfterCommit, name, s.key, err))
@@ -104,25 +105,34 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 		return zero, err
 	}
 	if err != nil {
-		return zero, s.fail(ctx, name, err)
+		return zero, s.fail(ctx, name, err, stepScript)
 	}
+	return checkpoint(ctx, s, rc, name, v, stepScript)
+}
+
+// checkpoint stores v, the value of the step called name, with script
+// (stepScript, or stepCheckScript for a checked step), and returns it, or
+// a checkpointed permanent failure when v cannot be encoded or is too
+// large.
+func checkpoint[T any](ctx context.Context, s *steps, rc *codec.Codec, name string, v T, script pipeline.Script) (T, error) {
+	var zero T
 	b, err := rc.Encode(&v)
 	if err != nil {
 		// fn has acted: checkpoint the failure rather than run it again.
-		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w: key %q, step %q: %s: %v", ErrEncode, s.key, name, rc.Type(), err)))
+		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w: key %q, step %q: %s: %v", ErrEncode, s.key, name, rc.Type(), err)), script)
 	}
 	max := s.c.cfg.maxResultSize
 	if len(b) > max {
-		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w (step %q)", tooLarge(len(b), max), name)))
+		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w (step %q)", tooLarge(len(b), max), name)), script)
 	}
 	cp := make([]byte, 0, 1+len(b))
 	cp = append(append(cp, checkpointDone), b...)
-	switch r, err := s.store(ctx, name, cp, stepsTotal*max); {
+	switch r, err := s.store(ctx, name, cp, stepsTotal*max, script); {
 	case err != nil:
 		return v, err
 	case r == stepOverTotal:
 		return zero, s.fail(ctx, name, Permanent(fmt.Errorf("%w: step %q: the operation's checkpoints would take more than %d bytes",
-			ErrTooLarge, name, stepsTotal*max)))
+			ErrTooLarge, name, stepsTotal*max)), script)
 	}
 	return v, nil
 }
@@ -288,28 +298,36 @@ func (s *steps) load(ctx context.Context, name string) (cp string, found bool, e
 	return "", false, fmt.Errorf("idem: step %q: unexpected reply %v from the step script", name, v)
 }
 
-// fail checkpoints err, a permanent error of the step called name, and
-// returns it (joined with the reason it was not stored, if it was not).
-func (s *steps) fail(ctx context.Context, name string, err error) error {
+// fail checkpoints err, a permanent error of the step called name, with
+// script (see store), and returns it (joined with the reason it was not
+// stored, if it was not).
+func (s *steps) fail(ctx context.Context, name string, err error, script pipeline.Script) error {
 	p := failurePayload(err, s.c.cfg.maxResultSize)
 	cp := make([]byte, 0, 1+len(p))
 	cp = append(append(cp, checkpointFailed), p...)
-	if _, serr := s.store(ctx, name, cp, 0); serr != nil {
+	if _, serr := s.store(ctx, name, cp, 0, script); serr != nil {
 		return errors.Join(serr, err)
 	}
 	return err
 }
 
-// store writes the checkpoint cp of the step called name, when the
-// checkpoints would take at most limit bytes in all (0: no limit), with a
-// detached context, retrying until the store timeout, as complete does:
+// store writes the checkpoint cp of the step called name with script
+// (stepScript; stepCheckScript, which replaces the step's intent, for a
+// checked step), when the checkpoints would take at most limit bytes in
+// all (0: no limit), with a detached context, retrying until the store timeout, as complete does:
 // the step has acted. It returns the script's reply, stepStored or
 // stepOverTotal, or an error that says why cp was not stored.
-func (s *steps) store(ctx context.Context, name string, cp []byte, limit int) (int64, error) {
+func (s *steps) store(ctx context.Context, name string, cp []byte, limit int, script pipeline.Script) (int64, error) {
 	dctx := s.c.bounds.detached(ctx)
 	var lastErr error
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		r, err := s.c.write(dctx, stepScript, s.keys, s.token, name, cp, limit).Int64()
+		var args []any
+		if script.Script == stepCheckScript.Script {
+			args = []any{s.token, name, opStore, cp, limit}
+		} else {
+			args = []any{s.token, name, cp, limit}
+		}
+		r, err := s.c.write(dctx, script, s.keys, args...).Int64()
 		switch {
 		case err == nil && (r == stepStored || r == stepOverTotal):
 			return r, nil

@@ -29,6 +29,7 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/idem-go/idem/idempgx v0.1.0
 	github.com/idem-go/idem/idemsql v0.1.0
 	github.com/vmihailenco/msgpack/v5 v5.4.1 // indirect
 	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
@@ -39,7 +40,7 @@ require (
 
 replace (
 	github.com/idem-go/idem => ../
+	github.com/idem-go/idem/idempgx => ../idempgx
 	github.com/idem-go/idem/idemsql => ../idemsql
+	github.com/idem-go/idem/ledgertest => ../ledgertest
 )
-
-replace github.com/idem-go/idem/ledgertest => ../ledgertest

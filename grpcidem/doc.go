@@ -45,11 +45,13 @@
 //	WithFingerprint failed                        InvalidArgument     ReasonBadRequest (or the error's own status)
 //	retry after a response too large to store     Internal            ReasonNotStored
 //	the handler ran, its outcome not recorded     Internal            ReasonNotRecorded
-//	stored record unreadable, or expired          Internal            ReasonRecordUnusable
-//	  while waiting
-//	Redis unreachable, Client closed              Unavailable         ReasonUnavailable, RetryInfo
-//	the call's context ended before a claim       Canceled or         -
-//	                                              DeadlineExceeded
+//	operation parked (idem.ErrParked)             FailedPrecondition  ReasonParked
+//	outcome unknown (idem.ErrUnknownOutcome)      FailedPrecondition  ReasonOutcomeUnknown
+//	stored record unreadable                      Internal            ReasonRecordUnusable
+//	Redis unreachable, Client closed, the record  Unavailable         ReasonUnavailable, RetryInfo
+//	  expired while waiting (idem.ErrExpired)
+//	the call's context ended before the answer    Canceled or         -
+//	  (the handler, if it runs, goes on)          DeadlineExceeded
 //
 // Every status the interceptor makes itself carries an ErrorInfo detail
 // (google.golang.org/genproto/googleapis/rpc/errdetails) with Domain and one
@@ -151,11 +153,18 @@
 //
 // # The handler's context
 //
-// The handler's context carries the idem.Attempt (idem.AttemptFrom), and
-// ends when the client goes away or when idem's lease on the key is lost.
-// A handler that gives up because its context ended should return a
-// transient status (Canceled, Unavailable...), so that a retry runs it
-// again.
+// The handler's context carries the call's values and the idem.Attempt
+// (idem.AttemptFrom), and ends after WithHandlerTimeout (1 minute by
+// default) or when idem's lease on the key is lost, not when the client
+// goes away or its deadline passes: the work outlives its caller. A
+// client whose deadline passes gets DeadlineExceeded at once, the handler
+// goes on, its outcome is stored, and the client's retry waits for it or
+// replays it; what the handler sends (grpc.SendHeader) after its caller
+// has gone is dropped. A panic reaches gRPC while the call lasts; after,
+// it is logged and the key released. grpc.Server.GracefulStop does not
+// wait for handlers whose calls have ended. A handler that gives up
+// because its context ended should return a transient status (Canceled,
+// Unavailable...), so that a retry runs it again.
 //
 // To record the metadata it sets, the handler's context carries a
 // grpc.ServerTransportStream of the interceptor's, which holds what

@@ -14,16 +14,17 @@ import (
 type Option func(*config)
 
 type config struct {
-	header      string
-	methods     map[string]bool // nil: every unary method
-	required    bool
-	scope       func(context.Context) (string, error)
-	fingerprint func(context.Context, string, any) (string, error)
-	definite    [codeCount]bool
-	maxKeyLen   int
-	retryAfter  time.Duration
-	logger      *slog.Logger
-	problems    []string
+	header         string
+	methods        map[string]bool // nil: every unary method
+	required       bool
+	scope          func(context.Context) (string, error)
+	fingerprint    func(context.Context, string, any) (string, error)
+	definite       [codeCount]bool
+	maxKeyLen      int
+	retryAfter     time.Duration
+	handlerTimeout time.Duration
+	logger         *slog.Logger
+	problems       []string
 }
 
 func (c *config) problem(format string, args ...any) {
@@ -144,6 +145,23 @@ func WithMaxKeyLen(n int) Option {
 			return
 		}
 		c.maxKeyLen = n
+	}
+}
+
+// WithHandlerTimeout bounds the handler's run: its context keeps the
+// call's values (metadata, the Attempt) but not its cancellation or
+// deadline, so that a client whose deadline passes or that goes away does
+// not cancel the handler, whose outcome is stored for the retry; the
+// handler's context ends d after it started (or when idem's lease is
+// lost). d must be positive.
+// The default is 1 minute.
+func WithHandlerTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.problem("WithHandlerTimeout(%v): must be positive", d)
+			return
+		}
+		c.handlerTimeout = d
 	}
 }
 

@@ -29,6 +29,22 @@ type capture struct {
 	trailer metadata.MD // guarded by mu
 	held    metadata.MD // guarded by mu; the header set and not yet on the stream
 	sent    bool        // guarded by mu; the header went out (SendHeader)
+	closed  bool        // guarded by mu; the interceptor returned: nothing more reaches the stream
+}
+
+// errCallGone is what a detached handler's SendHeader returns once the
+// interceptor has returned.
+var errCallGone = errors.New("grpcidem: the call has ended; the handler runs on detached, and its outcome goes to the retry")
+
+// close makes the capture hold on to what the handler sends from now on:
+// the interceptor has returned, or is about to answer.
+func (c *capture) close() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
 }
 
 // captureMetadata returns a context whose stream records what the handler
@@ -48,6 +64,9 @@ func (c *capture) SetHeader(md metadata.MD) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.sent {
+		if c.closed {
+			return errCallGone
+		}
 		return c.ServerTransportStream.SetHeader(md)
 	}
 	c.header = metadata.Join(c.header, md)
@@ -60,6 +79,9 @@ func (c *capture) SetHeader(md metadata.MD) error {
 func (c *capture) SendHeader(md metadata.MD) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return errCallGone
+	}
 	if err := c.ServerTransportStream.SendHeader(metadata.Join(c.held, md)); err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/slogdefault"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -37,11 +36,12 @@ const (
 // errors.
 func UnaryServerInterceptor(c *idem.Client, opts ...Option) grpc.UnaryServerInterceptor {
 	cfg := config{
-		header:      HeaderIdempotencyKey,
-		fingerprint: DefaultFingerprint,
-		maxKeyLen:   255,
-		retryAfter:  time.Second,
-		logger:      slog.New(slogdefault.Handler{}),
+		header:         HeaderIdempotencyKey,
+		fingerprint:    DefaultFingerprint,
+		maxKeyLen:      255,
+		retryAfter:     time.Second,
+		handlerTimeout: time.Minute,
+		logger:         slog.New(defaultHandler{}),
 	}
 	for _, code := range defaultDefinite {
 		cfg.definite[code] = true
@@ -111,9 +111,21 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, s.failWith(err, codes.InvalidArgument, ReasonBadRequest)
 	}
 	cl := &call{s: s, ctx: ctx, method: info.FullMethod, key: scopedKey(scope, key)}
-	res, err := s.c.Do(ctx, cl.key, fp, func(ctx context.Context) ([]byte, error) {
-		return cl.run(ctx, req, handler)
+	var sctx context.Context
+	sctx, cl.capture = captureMetadata(ctx)
+	o, ok := cl.detach(sctx, func(ctx context.Context) ([]byte, error) {
+		return s.c.Do(ctx, cl.key, fp, func(ctx context.Context) ([]byte, error) {
+			return cl.run(ctx, req, handler)
+		})
 	})
+	if !ok {
+		// The caller went away or its deadline passed: the handler runs
+		// on, and its outcome goes to the retry.
+		cl.capture.close()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	cl.capture.close()
+	res, err := o.res, o.err
 	switch {
 	case cl.ran && cl.decided && cl.mine && err == nil:
 		return cl.answerCommitted(res)
@@ -135,7 +147,6 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 // definite status, or a transient error.
 func (cl *call) run(ctx context.Context, req any, handler grpc.UnaryHandler) ([]byte, error) {
 	cl.ran = true
-	ctx, cl.capture = captureMetadata(ctx)
 	cl.resp, cl.err = handler(context.WithValue(ctx, callKey{}, cl), req)
 	cl.decided, cl.mine = idem.LedgerDecided(ctx)
 	if cl.err != nil {
@@ -204,46 +215,58 @@ func (cl *call) answerCommitted(res []byte) (any, error) {
 	return cl.answerOwner(nil)
 }
 
-// answerError answers a call whose handler did not run here.
+// answerError answers a call whose handler did not run here: a look-up
+// of the error's idem.Verdict.
 func (cl *call) answerError(err error) error {
 	s := cl.s
-	var stored *idem.StoredError
-	switch {
-	case errors.As(err, &stored):
-		return cl.replayFailure(stored)
-	case errors.Is(err, idem.ErrConflict):
+	switch idem.VerdictOf(err) {
+	case idem.VerdictFailure:
+		var stored *idem.StoredError
+		if errors.As(err, &stored) {
+			return cl.replayFailure(stored)
+		}
+		return errNotStoredStatus(s)
+	case idem.VerdictConflict:
 		return s.fail(codes.FailedPrecondition, ReasonKeyReused,
 			"this "+s.cfg.header+" was used before with another request")
-	case errors.Is(err, idem.ErrLateRetry):
+	case idem.VerdictLateRetry:
 		return s.fail(codes.FailedPrecondition, ReasonLateRetry,
 			"this "+s.cfg.header+" was used, and its outcome is no longer kept; use a new key for a new operation")
-	case errors.Is(err, idem.ErrInProgress):
+	case idem.VerdictInProgress:
 		return s.retryable(cl.ctx, ReasonInProgress,
 			"a call with this "+s.cfg.header+" is still being processed; retry later")
-	case errors.Is(err, idem.ErrInvalidKey):
+	case idem.VerdictParked:
+		return s.fail(codes.FailedPrecondition, ReasonParked,
+			"the operation of this "+s.cfg.header+" is parked; it runs again only when an operator retries it")
+	case idem.VerdictUnknownOutcome:
+		return s.fail(codes.FailedPrecondition, ReasonOutcomeUnknown,
+			"the outcome of this "+s.cfg.header+"'s operation is unknown and under reconciliation by an operator")
+	case idem.VerdictInvalidKey:
 		return s.fail(codes.InvalidArgument, ReasonKeyInvalid,
 			"the "+s.cfg.header+" metadata is too long for this service")
-	case errors.Is(err, idem.ErrTooLarge):
+	case idem.VerdictTooLarge:
 		return errNotStoredStatus(s)
-	case errors.Is(err, idem.ErrUnavailable):
-		cl.log(slog.LevelError, "grpcidem: cannot reach the idempotency store", err)
-		return s.retryable(cl.ctx, ReasonUnavailable,
-			"the idempotency store is unavailable; the call was not processed")
-	case errors.Is(err, idem.ErrClosed):
-		return s.retryable(cl.ctx, ReasonUnavailable, "the service is shutting down")
-	case errors.Is(err, idem.ErrCorrupt), errors.Is(err, idem.ErrExpired):
+	case idem.VerdictUnusable, idem.VerdictUndecodable, idem.VerdictOutcome:
 		cl.log(slog.LevelError, "grpcidem: cannot answer from the stored record", err)
 		return s.fail(codes.Internal, ReasonRecordUnusable, "the record of this key cannot be used")
-	case cl.ctx.Err() != nil:
-		// The caller went away or its deadline passed: nothing ran.
-		return status.FromContextError(cl.ctx.Err()).Err()
-	default:
-		// Redis unreachable, a timeout, a claim that came back too late:
-		// nothing ran.
+	case idem.VerdictUnavailable:
+		if errors.Is(err, idem.ErrClosed) {
+			return s.retryable(cl.ctx, ReasonUnavailable, "the service is shutting down")
+		}
 		cl.log(slog.LevelError, "grpcidem: cannot reach the idempotency store", err)
 		return s.retryable(cl.ctx, ReasonUnavailable,
 			"the idempotency store is unavailable; the call was not processed")
 	}
+	// Context, not recorded, transient (the record expired while this call
+	// waited, or another error): nothing ran here, and a retry finds out.
+	if cl.ctx.Err() != nil {
+		// The caller went away or its deadline passed.
+		return status.FromContextError(cl.ctx.Err()).Err()
+	}
+	if !errors.Is(err, idem.ErrExpired) {
+		cl.log(slog.LevelError, "grpcidem: cannot answer; a retry may", err)
+	}
+	return s.retryable(cl.ctx, ReasonUnavailable, "the call was not processed; retry later")
 }
 
 // replay returns the stored response res.

@@ -47,9 +47,20 @@ const (
 	ReasonNotRecorded = "NOT_RECORDED"
 	// ReasonRecordUnusable: the stored record of the key cannot be used.
 	ReasonRecordUnusable = "RECORD_UNUSABLE"
-	// ReasonUnavailable: the idempotency store (Redis) cannot be reached,
-	// or the service is shutting down; the call was not processed.
+	// ReasonUnavailable (Unavailable): the idempotency store (Redis)
+	// cannot be reached, the service is shutting down, or another
+	// transient failure (the key's record expired while the call waited:
+	// idem.ErrExpired, idem.VerdictTransient); the call was not processed.
 	ReasonUnavailable = "STORE_UNAVAILABLE"
+	// ReasonParked (FailedPrecondition): the key's operation is parked,
+	// unfinished, until an operator retries it (idem.ErrParked); the
+	// handler did not run, and waiting alone does not help.
+	ReasonParked = "PARKED"
+	// ReasonOutcomeUnknown (FailedPrecondition): a step of the key's
+	// operation acted and its effect could not be settled; the outcome is
+	// under reconciliation by an operator (idem.ErrUnknownOutcome). Do
+	// not start the operation again under a new key.
+	ReasonOutcomeUnknown = "OUTCOME_UNKNOWN"
 )
 
 // pushbackTrailer is the trailer by which a server tells gRPC's retry

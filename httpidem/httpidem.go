@@ -30,7 +30,8 @@
 //	retry after the retention, response gone      410     problem+json, ProblemLateRetry
 //	  (only its tombstone: idem.WithTombstones)
 //	first request still running after the wait    409     problem+json, ProblemInProgress, Retry-After
-//	  (the Client's idem.WithWait, 10s by default)
+//	  (the Client's idem.WithWait, 10s by default),
+//	  or this request's context ended first
 //	key empty, too long, not visible ASCII,       400     problem+json, ProblemKeyInvalid
 //	  or sent twice
 //	key missing under WithRequired                400     problem+json, ProblemKeyMissing
@@ -41,8 +42,12 @@
 //	                                                      WWW-Authenticate from Unauthenticated
 //	retry after a response too large to store     500     problem+json, ProblemNotStored
 //	the handler ran, its response not recorded    500     problem+json, ProblemNotRecorded
-//	stored record unreadable, or other failure    500     problem+json, ProblemServerError
-//	Redis unreachable, Client closed              503     problem+json, ProblemUnavailable, Retry-After
+//	operation parked (idem.ErrParked)             409     problem+json, ProblemParked
+//	outcome unknown (idem.ErrUnknownOutcome)      409     problem+json, ProblemOutcomeUnknown
+//	stored record unreadable                      500     problem+json, ProblemServerError
+//	Redis unreachable, Client closed, the record  503     problem+json, ProblemUnavailable, Retry-After
+//	  expired while waiting (idem.ErrExpired),
+//	  or another transient failure
 //
 // Problem bodies follow RFC 9457 (application/problem+json): a type URI, a
 // title, the status and a detail. The handler is never run without a
@@ -83,9 +88,9 @@
 // headers, from the first response as from its replays.
 //
 // Whatever status the handler writes is its outcome, and 2xx to 4xx are
-// stored: a handler that gives up early (its request's context ended
-// because the client went away, or idem's lease was lost) should answer
-// with a 5xx, so that a retry runs it again. A handler that writes nothing
+// stored: a handler that gives up early (its context ended after
+// WithHandlerTimeout, or idem's lease was lost) should answer with a 5xx,
+// so that a retry runs it again. A handler that writes nothing
 // answers 200 with an empty body, as under net/http, and that is stored.
 //
 // # Exactly-once through the ledger
@@ -168,8 +173,19 @@
 //
 // The handler sees the whole body (the middleware reads it to fingerprint
 // it, then gives the handler a reader of the same bytes). Its request's
-// context carries the idem.Attempt (idem.AttemptFrom), and ends when the
-// client goes away or when idem's lease on the key is lost.
+// context carries the request's values and the idem.Attempt
+// (idem.AttemptFrom), and ends after WithHandlerTimeout (1 minute by
+// default) or when idem's lease on the key is lost, not when the client
+// goes away: the work outlives its caller. A client that times out gets
+// nothing (its request's context ended: the middleware answers 409
+// ProblemInProgress to whoever still listens), the handler goes on, its
+// response is stored, and the client's retry waits for it or replays it.
+// Once the request's context ended the handler writes only into the
+// middleware's buffer (a response streamed past WithMaxResponse is dropped,
+// its writes fail), never to the connection. A panic reaches the server
+// while the request lasts; after, it is logged and the key released.
+// Server.Shutdown does not wait for handlers whose requests have ended;
+// allow WithHandlerTimeout after it before the process exits.
 //
 // # Outbound requests
 //
@@ -210,18 +226,19 @@ const (
 type Option func(*config)
 
 type config struct {
-	header      string
-	methods     map[string]bool
-	required    bool
-	scope       func(*http.Request) (string, error)
-	fingerprint func(*http.Request, []byte) (string, error)
-	maxBody     int64
-	maxKeyLen   int // 0 until set: then the Client's limit decides (see New)
-	maxResponse int // likewise
-	retryAfter  time.Duration
-	logger      *slog.Logger
-	keep        map[string]bool // per-user headers stored all the same (WithKeepHeaders)
-	problems    []string
+	header         string
+	methods        map[string]bool
+	required       bool
+	scope          func(*http.Request) (string, error)
+	fingerprint    func(*http.Request, []byte) (string, error)
+	maxBody        int64
+	maxKeyLen      int // 0 until set: then the Client's limit decides (see New)
+	maxResponse    int // likewise
+	retryAfter     time.Duration
+	handlerTimeout time.Duration
+	logger         *slog.Logger
+	keep           map[string]bool // per-user headers stored all the same (WithKeepHeaders)
+	problems       []string
 }
 
 func (c *config) problem(format string, args ...any) {
@@ -366,6 +383,22 @@ func WithRetryAfter(d time.Duration) Option {
 	}
 }
 
+// WithHandlerTimeout bounds the handler's run: its request's context keeps
+// the request's values but not its cancellation, so that a client that
+// times out or goes away does not cancel the handler, whose response is
+// stored for the retry; the handler's context ends d after it started (or
+// when idem's lease is lost). d must be positive.
+// The default is 1 minute.
+func WithHandlerTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.problem("WithHandlerTimeout(%v): must be positive", d)
+			return
+		}
+		c.handlerTimeout = d
+	}
+}
+
 // WithLogger sets the logger for what the middleware notices on its own:
 // responses too large to store, responses not recorded, Redis failures,
 // unreadable records, and, from New, that keys are global without
@@ -412,12 +445,13 @@ func WithKeepHeaders(names ...string) Option {
 // errors.
 func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 	cfg := config{
-		header:      HeaderIdempotencyKey,
-		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
-		fingerprint: DefaultFingerprint,
-		maxBody:     1 << 20,
-		retryAfter:  time.Second,
-		logger:      slog.New(slogdefault.Handler{}),
+		header:         HeaderIdempotencyKey,
+		methods:        map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		fingerprint:    DefaultFingerprint,
+		maxBody:        1 << 20,
+		retryAfter:     time.Second,
+		handlerTimeout: time.Minute,
+		logger:         slog.New(slogdefault.Handler{}),
 	}
 	if c == nil {
 		cfg.problem("nil *idem.Client")
@@ -548,12 +582,27 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		decided, mine bool
 	)
 	key = ScopedKey(scope, key)
-	res, err := m.c.Do(r.Context(), key, fp, func(ctx context.Context) ([]byte, error) {
-		rec = newRecorder(w, m.cfg.maxResponse, m.private)
-		m.next.ServeHTTP(rec, r.WithContext(ctx))
-		decided, mine = idem.LedgerDecided(ctx)
-		return rec.outcome()
+	g := new(gate)
+	o, ok := m.detach(r, key, func(ctx context.Context) ([]byte, error) {
+		return m.c.Do(ctx, key, fp, func(ctx context.Context) ([]byte, error) {
+			rec = newRecorder(w, g, m.cfg.maxResponse, m.private)
+			m.next.ServeHTTP(rec, r.WithContext(ctx))
+			decided, mine = idem.LedgerDecided(ctx)
+			return rec.outcome()
+		})
 	})
+	if !ok {
+		// The client went away, or the request's context ended otherwise:
+		// the handler runs on, and its response goes to the retry.
+		if !g.close() {
+			m.retryAfter(w)
+			m.fail(w, ProblemInProgress, http.StatusConflict,
+				"this request is still being processed after its context ended; retry with the same "+m.cfg.header+" for its response")
+		}
+		return
+	}
+	g.close()
+	res, err := o.res, o.err
 	switch {
 	case rec != nil && decided && mine && err == nil:
 		m.answerCommitted(w, r, key, rec, res)
@@ -622,40 +671,55 @@ func (m *middleware) answerCommitted(w http.ResponseWriter, r *http.Request, key
 	resp.write(w, false)
 }
 
-// answerError answers a request whose handler did not run here.
+// answerError answers a request whose handler did not run here: a
+// look-up of the error's idem.Verdict.
 func (m *middleware) answerError(w http.ResponseWriter, r *http.Request, key string, err error) {
-	var stored *idem.StoredError
-	switch {
-	case errors.Is(err, idem.ErrConflict):
+	switch idem.VerdictOf(err) {
+	case idem.VerdictConflict:
 		m.fail(w, ProblemKeyReused, http.StatusUnprocessableEntity,
 			"this "+m.cfg.header+" was used before with another request")
-	case errors.Is(err, idem.ErrLateRetry):
+	case idem.VerdictLateRetry:
 		m.fail(w, ProblemLateRetry, http.StatusGone,
 			"this "+m.cfg.header+" was used, and its response is no longer kept; the request was not processed again")
-	case errors.Is(err, idem.ErrInProgress):
+	case idem.VerdictInProgress:
 		m.retryAfter(w)
 		m.fail(w, ProblemInProgress, http.StatusConflict,
 			"a request with this "+m.cfg.header+" is still being processed; retry later")
-	case errors.Is(err, idem.ErrInvalidKey):
+	case idem.VerdictParked:
+		m.fail(w, ProblemParked, http.StatusConflict,
+			"the operation of this "+m.cfg.header+" is parked; it runs again only when an operator retries it")
+	case idem.VerdictUnknownOutcome:
+		m.fail(w, ProblemOutcomeUnknown, http.StatusConflict,
+			"the outcome of this "+m.cfg.header+"'s operation is unknown and under reconciliation by an operator")
+	case idem.VerdictInvalidKey:
 		m.fail(w, ProblemKeyInvalid, http.StatusBadRequest,
 			"the "+m.cfg.header+" header is too long for this service")
-	case errors.As(err, &stored), errors.Is(err, errNotStored), errors.Is(err, idem.ErrTooLarge):
+	case idem.VerdictFailure, idem.VerdictTooLarge:
+		// The only failures the middleware stores are responses too large.
 		m.fail(w, ProblemNotStored, http.StatusInternalServerError,
 			"the request was processed, but its response was too large to be stored and cannot be replayed")
-	case errors.Is(err, idem.ErrClosed):
-		m.retryAfter(w)
-		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable, "the service is shutting down")
-	case errors.Is(err, idem.ErrCorrupt), errors.Is(err, idem.ErrExpired):
+	case idem.VerdictUnusable, idem.VerdictUndecodable, idem.VerdictOutcome:
 		m.log(r, key, slog.LevelError, "httpidem: cannot answer from the stored record", err)
 		m.fail(w, ProblemServerError, http.StatusInternalServerError, "the record of this key cannot be used")
+	case idem.VerdictUnavailable:
+		m.retryAfter(w)
+		if errors.Is(err, idem.ErrClosed) {
+			m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable, "the service is shutting down")
+			return
+		}
+		m.log(r, key, slog.LevelError, "httpidem: cannot reach the idempotency store", err)
+		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable,
+			"the idempotency store is unavailable; the request was not processed")
 	default:
-		// Redis unreachable, a timeout, a cancelled request: nothing ran.
-		if r.Context().Err() == nil {
-			m.log(r, key, slog.LevelError, "httpidem: cannot reach the idempotency store", err)
+		// Context, not recorded, transient (the record expired while this
+		// request waited, or another error): nothing ran here, and a retry
+		// finds out.
+		if r.Context().Err() == nil && !errors.Is(err, idem.ErrExpired) {
+			m.log(r, key, slog.LevelError, "httpidem: cannot answer; a retry may", err)
 		}
 		m.retryAfter(w)
 		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable,
-			"the idempotency store is unavailable; the request was not processed")
+			"the request was not processed; retry after Retry-After seconds")
 	}
 }
 

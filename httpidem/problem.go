@@ -26,8 +26,10 @@ const (
 	// idem.WithTombstones). The handler did not run again. Treat the
 	// operation as done; use a new key for a new operation.
 	ProblemLateRetry = problemBase + "ProblemLateRetry"
-	// ProblemInProgress (409): a request with the key is still running.
-	// The handler did not run for this one; retry after Retry-After seconds.
+	// ProblemInProgress (409): a request with the key is still running:
+	// another one's (the handler did not run for this one), or this one's,
+	// whose context ended before its handler did. Retry after Retry-After
+	// seconds for the response.
 	ProblemInProgress = problemBase + "ProblemInProgress"
 	// ProblemBodyTooLarge (413): the body is over WithMaxBody.
 	ProblemBodyTooLarge = problemBase + "ProblemBodyTooLarge"
@@ -46,29 +48,43 @@ const (
 	// A retry after the lease may run the handler again, as a new attempt.
 	ProblemNotRecorded = problemBase + "ProblemNotRecorded"
 	// ProblemServerError (500): the key's record cannot be used (it is
-	// corrupt, or expired while this request waited). The handler did not
-	// run.
+	// corrupt, or of a format this version cannot read). The handler did
+	// not run.
 	ProblemServerError = problemBase + "ProblemServerError"
 	// ProblemUnavailable (503): the idempotency store (Redis) cannot be
-	// reached, or the service is shutting down. The handler did not run;
-	// retry after Retry-After seconds.
+	// reached, the service is shutting down, or another transient failure
+	// (the key's record expired while this request waited: idem.ErrExpired,
+	// idem.VerdictTransient). The handler did not run; retry after
+	// Retry-After seconds.
 	ProblemUnavailable = problemBase + "ProblemUnavailable"
+	// ProblemParked (409): the key's operation is parked, unfinished,
+	// until an operator retries it (idem.ErrParked). The handler did not
+	// run; a retry gets the same answer until then. 409, not 503: waiting
+	// alone does not help.
+	ProblemParked = problemBase + "ProblemParked"
+	// ProblemOutcomeUnknown (409): a step of the key's operation acted and
+	// its effect could not be settled: the outcome is unknown, and under
+	// reconciliation by an operator (idem.ErrUnknownOutcome). The handler
+	// did not run; do not start the operation again under a new key.
+	ProblemOutcomeUnknown = problemBase + "ProblemOutcomeUnknown"
 )
 
 // titles are the problems' titles, one per type (RFC 9457, section 3.1.3).
 var titles = map[string]string{
-	ProblemKeyMissing:   "Idempotency key missing",
-	ProblemKeyInvalid:   "Invalid idempotency key",
-	ProblemKeyReused:    "Idempotency key reused with another request",
-	ProblemLateRetry:    "Idempotency key used, response no longer kept",
-	ProblemInProgress:   "Request with this idempotency key in progress",
-	ProblemBodyTooLarge: "Request body too large",
-	ProblemBadRequest:   "Bad request",
-	ProblemScope:        "Principal not established",
-	ProblemNotStored:    "Response not stored",
-	ProblemNotRecorded:  "Response not recorded",
-	ProblemServerError:  "Idempotency record unusable",
-	ProblemUnavailable:  "Idempotency store unavailable",
+	ProblemKeyMissing:     "Idempotency key missing",
+	ProblemKeyInvalid:     "Invalid idempotency key",
+	ProblemKeyReused:      "Idempotency key reused with another request",
+	ProblemLateRetry:      "Idempotency key used, response no longer kept",
+	ProblemInProgress:     "Request with this idempotency key in progress",
+	ProblemBodyTooLarge:   "Request body too large",
+	ProblemBadRequest:     "Bad request",
+	ProblemScope:          "Principal not established",
+	ProblemNotStored:      "Response not stored",
+	ProblemNotRecorded:    "Response not recorded",
+	ProblemServerError:    "Idempotency record unusable",
+	ProblemUnavailable:    "Idempotency store unavailable",
+	ProblemParked:         "Operation parked",
+	ProblemOutcomeUnknown: "Outcome unknown, under reconciliation",
 }
 
 // problem is an RFC 9457 problem details object.

@@ -206,7 +206,8 @@ var notStored = map[string]bool{
 // response up to a limit, and past it sends everything on to the real
 // writer as it comes (the response is then not stored).
 type recorder struct {
-	w       http.ResponseWriter
+	w       http.ResponseWriter // written only through gate
+	gate    *gate
 	limit   int             // of the stored form's size
 	private map[string]bool // headers not stored (but sent to this request's client)
 	header  http.Header
@@ -224,8 +225,8 @@ var (
 	_ http.Hijacker = (*recorder)(nil)
 )
 
-func newRecorder(w http.ResponseWriter, limit int, private map[string]bool) *recorder {
-	return &recorder{w: w, limit: limit, private: private, header: make(http.Header)}
+func newRecorder(w http.ResponseWriter, g *gate, limit int, private map[string]bool) *recorder {
+	return &recorder{w: w, gate: g, limit: limit, private: private, header: make(http.Header)}
 }
 
 // Header returns the response's headers. It starts empty: headers set by
@@ -262,24 +263,32 @@ func (rec *recorder) Write(p []byte) (int, error) {
 		rec.stream()
 	}
 	if rec.streamed {
-		return rec.w.Write(p)
+		var n int
+		var err error
+		if !rec.gate.pass(func() { n, err = rec.w.Write(p) }) {
+			return 0, errClientGone
+		}
+		return n, err
 	}
 	rec.size += len(p)
 	return rec.body.Write(p)
 }
 
 // stream sends the status, the headers and the body so far to the real
-// writer; what follows goes straight there.
+// writer, unless the request's context has ended; what follows goes
+// straight there.
 func (rec *recorder) stream() {
 	rec.streamed = true
-	h := rec.w.Header()
-	for k, vs := range rec.snapshot {
-		h[k] = vs
-	}
-	rec.w.WriteHeader(rec.status)
-	if rec.body.Len() > 0 {
-		_, _ = rec.w.Write(rec.body.Bytes())
-	}
+	rec.gate.pass(func() {
+		h := rec.w.Header()
+		for k, vs := range rec.snapshot {
+			h[k] = vs
+		}
+		rec.w.WriteHeader(rec.status)
+		if rec.body.Len() > 0 {
+			_, _ = rec.w.Write(rec.body.Bytes())
+		}
+	})
 	rec.body = bytes.Buffer{}
 }
 
@@ -293,7 +302,11 @@ func (rec *recorder) FlushError() error {
 	if !rec.streamed {
 		return nil
 	}
-	return http.NewResponseController(rec.w).Flush()
+	var err error
+	if !rec.gate.pass(func() { err = http.NewResponseController(rec.w).Flush() }) {
+		return errClientGone
+	}
+	return err
 }
 
 // Hijack is not supported: what a hijacked connection carries cannot be

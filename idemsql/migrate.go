@@ -12,9 +12,10 @@ import (
 )
 
 // Migrate creates the ledger's table, its index and its _meta table (one
-// row: a random id of this database, which Commit checks) where they are
-// missing, and leaves existing ones as they are. Run it at start-up, before
-// the first Commit; it is safe to run from many processes at once.
+// row: a random id of this database, which Commit checks), the _versions
+// table of Advance and the _outbox table of Publish, where they are
+// missing, and leaves existing ones as they are. Run it at start-up,
+// before the first Commit; it is safe to run from many processes at once.
 func (l *Ledger) Migrate(ctx context.Context) error {
 	id := make([]byte, 16)
 	_, _ = rand.Read(id) // never fails (crypto/rand documents it)
@@ -37,7 +38,7 @@ func (l *Ledger) Migrate(ctx context.Context) error {
 			return fmt.Errorf("idemsql: migrate: %s", problem)
 		}
 	}
-	for _, q := range []string{l.sql.createTable, l.sql.createIndex, l.sql.createMeta} {
+	for _, q := range []string{l.sql.createTable, l.sql.createIndex, l.sql.createMeta, l.versionStatements().create, l.outboxStatements().create} {
 		if q == "" {
 			continue
 		}

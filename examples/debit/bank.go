@@ -13,9 +13,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idempgx"
 	"github.com/idem-go/idem/idemsql"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver, for -postgres
-	_ "modernc.org/sqlite"             // the "sqlite" driver, the default
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite" // the "sqlite" driver, the default
 )
 
 // sqliteOptions make SQLite's writers wait for each other instead of
@@ -31,13 +34,22 @@ const openingBalance = 1_000_000_00
 // apart by a strategy column. Nothing keeps a payment from being debited
 // twice but the strategy: the debits table has no unique key on purpose.
 type bank struct {
-	db       *sql.DB
+	db       *sql.DB       // for the tables and the counts; on PostgreSQL, over pool
+	pool     *pgxpool.Pool // on PostgreSQL: the payments' transactions, native pgx
 	postgres bool
 	// accounts, debits: the tables' names, unique to the run on a
 	// PostgreSQL given with -postgres, so that the run touches no other data.
 	accounts, debits string
-	ledger           *idemsql.Ledger
+	ledger           ledger
 	cleanup          func() error // drops the run's tables, or removes its SQLite file
+}
+
+// ledger is what the bank needs of its ledger: idempgx's on PostgreSQL,
+// idemsql's on SQLite.
+type ledger interface {
+	idem.Ledger
+	Migrate(ctx context.Context) error
+	Table() string
 }
 
 // openBank opens the bank: on the PostgreSQL at dsn, in tables under a
@@ -64,14 +76,15 @@ func openBank(ctx context.Context, dsn string) (*bank, error) {
 		b.cleanup = func() error { return os.RemoveAll(dir) }
 	} else {
 		b.postgres = true
-		if b.db, err = sql.Open("pgx", dsn); err != nil {
+		if b.pool, err = pgxpool.New(ctx, dsn); err != nil {
 			return nil, err
 		}
+		b.db = stdlib.OpenDBFromPool(b.pool)
 		var r [6]byte
 		_, _ = rand.Read(r[:])
 		prefix := "debit_example_" + hex.EncodeToString(r[:]) + "_"
 		b.accounts, b.debits = prefix+"accounts", prefix+"debits"
-		b.ledger = idemsql.New(b.db, idemsql.Postgres, idemsql.WithTable(prefix+"ledger"))
+		b.ledger = idempgx.New(b.pool, idempgx.WithTable(prefix+"ledger"))
 		b.cleanup = func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -116,7 +129,11 @@ func (b *bank) create(ctx context.Context) error {
 
 // Close removes what openBank created and closes the database.
 func (b *bank) Close() error {
-	return errors.Join(b.cleanup(), b.db.Close())
+	err := errors.Join(b.cleanup(), b.db.Close())
+	if b.pool != nil {
+		b.pool.Close()
+	}
+	return err
 }
 
 // q turns the ? placeholders of query into PostgreSQL's $n when needed.
@@ -137,16 +154,60 @@ func (b *bank) q(query string) string {
 	return s.String()
 }
 
-// debit takes p's amount from its account and records the debit, in tx.
-func (b *bank) debit(ctx context.Context, tx *sql.Tx, strategy, instance string, p payment) error {
-	res, err := tx.ExecContext(ctx, b.q("UPDATE "+b.accounts+" SET balance = balance - ? WHERE id = ?"), p.Amount.Cents(), p.Account)
+// pay debits p in one transaction and ends it: with the ledger's commit
+// of r (idempgx.Commit on PostgreSQL, idemsql.Commit on SQLite), or with a
+// plain COMMIT when r is nil.
+func (b *bank) pay(ctx context.Context, strategy, instance string, p payment, r *Receipt) error {
+	if b.pool != nil {
+		tx, err := b.pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		exec := func(q string, args ...any) (int64, error) {
+			tag, err := tx.Exec(ctx, q, args...)
+			return tag.RowsAffected(), err
+		}
+		if err := b.debit(exec, strategy, instance, p); err != nil {
+			return err
+		}
+		if r == nil {
+			return tx.Commit(ctx)
+		}
+		return idempgx.Commit(ctx, tx, *r)
+	}
+	tx, err := b.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return fmt.Errorf("debit %s: account %s: %d rows, %v", p.ID, p.Account, n, err)
+	defer tx.Rollback()
+	exec := func(q string, args ...any) (int64, error) {
+		res, err := tx.ExecContext(ctx, q, args...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
 	}
-	_, err = tx.ExecContext(ctx, b.q("INSERT INTO "+b.debits+" (payment, strategy, account, amount, instance) VALUES (?, ?, ?, ?, ?)"),
+	if err := b.debit(exec, strategy, instance, p); err != nil {
+		return err
+	}
+	if r == nil {
+		return tx.Commit()
+	}
+	return idemsql.Commit(ctx, tx, *r)
+}
+
+// debit takes p's amount from its account and records the debit, through
+// exec, a statement of the payment's transaction.
+func (b *bank) debit(exec func(q string, args ...any) (int64, error), strategy, instance string, p payment) error {
+	n, err := exec(b.q("UPDATE "+b.accounts+" SET balance = balance - ? WHERE id = ?"), p.Amount.Cents(), p.Account)
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return fmt.Errorf("debit %s: account %s: %d rows", p.ID, p.Account, n)
+	}
+	_, err = exec(b.q("INSERT INTO "+b.debits+" (payment, strategy, account, amount, instance) VALUES (?, ?, ?, ?, ?)"),
 		p.ID, strategy, p.Account, p.Amount.Cents(), instance)
 	return err
 }

@@ -14,7 +14,8 @@
 // debits of every payment.
 //
 // With idem.Do, each debit commits in one transaction with its receipt,
-// through the ledger (idemsql.Commit): a retry that finds no record in
+// through the ledger (idempgx.Commit in a native pgx transaction on
+// PostgreSQL, idemsql.Commit on SQLite): a retry that finds no record in
 // Redis runs fn again, its commit meets the receipt already in the
 // ledger, rolls back, and returns that receipt. fn has no reconcile code.
 //

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/idemsql"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -73,9 +72,10 @@ func authorize(ctx context.Context) error {
 }
 
 // idemService pays through idem.Do with the ledger: the debit and the
-// receipt commit in one transaction (idemsql.Commit), so a payment is
-// debited once whatever the retries, the instances, or Redis losing its
-// records. fn has no reconcile code: the ledger is all it needs.
+// receipt commit in one transaction (bank.pay: idempgx.Commit or
+// idemsql.Commit), so a payment is debited once whatever the retries, the
+// instances, or Redis losing its records. fn has no reconcile code: the
+// ledger is all it needs.
 type idemService struct {
 	name      string
 	idem      *idem.Client
@@ -97,16 +97,8 @@ func (s *idemService) Pay(ctx context.Context, p payment) (Receipt, error) {
 			if err := authorize(ctx); err != nil {
 				return Receipt{}, err
 			}
-			tx, err := s.bank.db.BeginTx(ctx, nil)
-			if err != nil {
-				return Receipt{}, err
-			}
-			defer tx.Rollback()
-			if err := s.bank.debit(ctx, tx, "idem", s.name, p); err != nil {
-				return Receipt{}, err
-			}
 			r := Receipt{Payment: a.Key, Amount: p.Amount, Attempt: a.Number, Instance: s.name}
-			err = idemsql.Commit(ctx, tx, r)
+			err := s.bank.pay(ctx, "idem", s.name, p, &r) // the debit and r commit together
 			if errors.Is(err, idem.ErrRecorded) {
 				s.recorded.add(a.Key) // counted for the report only
 			}
@@ -143,15 +135,7 @@ func (s *naiveService) Pay(ctx context.Context, p payment) (Receipt, error) {
 	if err := authorize(ctx); err != nil {
 		return Receipt{}, err
 	}
-	tx, err := s.bank.db.BeginTx(ctx, nil)
-	if err != nil {
-		return Receipt{}, err
-	}
-	defer tx.Rollback()
-	if err := s.bank.debit(ctx, tx, "naive", s.name, p); err != nil {
-		return Receipt{}, err
-	}
-	if err := tx.Commit(); err != nil {
+	if err := s.bank.pay(ctx, "naive", s.name, p, nil); err != nil {
 		return Receipt{}, err
 	}
 	r := Receipt{Payment: p.ID, Amount: p.Amount, Attempt: 1, Instance: s.name}

@@ -1,0 +1,104 @@
+// sql.go: the ledger's SQL, the same tables as idemsql.Postgres writes, so
+// that a service moving between database/sql and pgx keeps its rows.
+
+package idempgx
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// statements is the SQL of one ledger's table. Everything but insert and
+// recorded is idemsql.Postgres's SQL, word for word (a test compares the
+// schemas that the two Migrates make).
+type statements struct {
+	createTable, createIndex, createMeta, insertMeta string
+	migrateLock                                      string // Migrates of one table take turns (with idemsql's too)
+	selectMeta                                       string // the database's marker
+	insert                                           string // a row, failing unless the marker is the ledger's
+	lookup                                           string // a row by key
+	recorded                                         string // a row by key, if the marker is the ledger's
+	prune                                            string // one batch of rows recorded before a time
+}
+
+// pruneBatch is how many rows one DELETE of Prune removes, as idemsql's:
+// small enough that no statement holds its locks for long.
+const pruneBatch = 1000
+
+// maxKeyLen is the longest key the table indexes: a B-tree entry of
+// PostgreSQL holds at most about 2,700 bytes (a third of a page), and keys
+// up to 2 KiB leave room for its header (idemsql.Postgres's limit).
+const maxKeyLen = 2048
+
+// ageMicros is a row's age by the database's clock, in microseconds.
+const ageMicros = "(extract(epoch FROM statement_timestamp() - recorded_at) * 1000000)::bigint"
+
+func newStatements(table string) statements {
+	meta := table + "_meta"
+	return statements{
+		createTable: "CREATE TABLE IF NOT EXISTS " + table + " (\n" +
+			"\tidem_key bytea NOT NULL PRIMARY KEY,\n" +
+			"\tfingerprint bytea NOT NULL,\n" +
+			"\tattempt bigint NOT NULL,\n" +
+			"\tfailed boolean NOT NULL,\n" +
+			"\toutcome bytea NOT NULL,\n" +
+			"\trecorded_at timestamptz NOT NULL\n)",
+		// BRIN: rows arrive in about the order of their times, and a BRIN
+		// index costs an INSERT next to nothing, unlike a B-tree.
+		createIndex: "CREATE INDEX IF NOT EXISTS " + table + "_recorded_at ON " + table + " USING brin (recorded_at)",
+		createMeta: "CREATE TABLE IF NOT EXISTS " + meta + " (\n" +
+			"\tone bigint NOT NULL PRIMARY KEY CHECK (one = 1),\n" +
+			"\tdatabase_id bytea NOT NULL\n)",
+		insertMeta:  "INSERT INTO " + meta + " (one, database_id) VALUES (1, $1::bytea) ON CONFLICT (one) DO NOTHING",
+		migrateLock: "SELECT pg_advisory_xact_lock(hashtext($1))",
+		selectMeta:  "SELECT database_id FROM " + meta + " WHERE one = 1",
+		// A plain INSERT: a key that has a row fails it (23505), which
+		// aborts the transaction, so the COMMIT sent with it rolls back.
+		// recorded_at is the start of the statement by the database's
+		// clock, read from the _meta row only where it holds the ledger's
+		// id: in another database it is NULL and the INSERT fails (23502)
+		// instead of inserting nothing and letting the COMMIT through.
+		insert: "INSERT INTO " + table + " (idem_key, fingerprint, attempt, failed, outcome, recorded_at)\n" +
+			"VALUES ($1::bytea, $2::bytea, $3::bigint, $4::boolean, $5::bytea,\n" +
+			"\t(SELECT statement_timestamp() FROM " + meta + " WHERE one = 1 AND database_id = $6::bytea))",
+		lookup: "SELECT fingerprint, attempt, failed, outcome, " + ageMicros + " FROM " + table + " WHERE idem_key = $1::bytea",
+		recorded: "SELECT fingerprint, attempt, failed, outcome, " + ageMicros + " FROM " + table +
+			" WHERE idem_key = $1::bytea AND EXISTS (SELECT 1 FROM " + meta + " WHERE one = 1 AND database_id = $2::bytea)",
+		prune: "DELETE FROM " + table + " WHERE idem_key IN (SELECT idem_key FROM " + table +
+			" WHERE recorded_at < statement_timestamp() - $1::bigint * interval '1 microsecond' LIMIT " + strconv.Itoa(pruneBatch) + ")",
+	}
+}
+
+// SQLSTATE codes that Commit tells apart.
+const (
+	uniqueViolation  = "23505"
+	notNullViolation = "23502"
+	undefinedTable   = "42P01"
+	inFailedTx       = "25P02"
+)
+
+// pgError returns err's *pgconn.PgError, or nil.
+func pgError(err error) *pgconn.PgError {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe
+	}
+	return nil
+}
+
+// permanent reports an error of class 54 (program_limit_exceeded: an index
+// row or a statement too large) or a value too long for its type (22001):
+// the database gives the same answer to the same row every time.
+func permanent(err error) bool {
+	pe := pgError(err)
+	return pe != nil && (strings.HasPrefix(pe.Code, "54") || pe.Code == "22001")
+}
+
+// missing reports an undefined_table error.
+func missing(err error) bool {
+	pe := pgError(err)
+	return pe != nil && pe.Code == undefinedTable
+}

@@ -68,6 +68,15 @@ const (
 	// (WithTombstones): a retry later than the retention (ErrLateRetry).
 	// fn did not run.
 	EventLateRetry
+	// EventLedgerReplayed: the call returned an outcome that the ledger
+	// (WithLedger) held, not Redis: a takeover's lookup found an earlier
+	// attempt's commit, or fn's commit met the row of another attempt (two
+	// live owners, or Redis lost the record: fn's transaction was rolled
+	// back), or a lookup of WithLedgerLookups found it after Redis lost
+	// the record. The record is finished from the row. Attempt is the
+	// call's own, Age the row's (Entry.Age). A conflict with the ledger's
+	// row is EventConflict.
+	EventLedgerReplayed
 )
 
 var kindNames = [...]string{
@@ -83,6 +92,8 @@ var kindNames = [...]string{
 	EventInProgress:  "in_progress",
 	EventError:       "error",
 	EventLateRetry:   "late_retry",
+
+	EventLedgerReplayed: "ledger_replayed",
 }
 
 // String returns the kind's name in snake case, such as "lease_lost",
@@ -139,7 +150,8 @@ type Event struct {
 	// Age is, for EventReplayed, how long ago the replayed outcome was
 	// recorded, when the call read it from Redis (0 when it shared a
 	// concurrent call's outcome, or read it from a notification): compare
-	// the ages of real retries with the retention (WithRetention).
+	// the ages of real retries with the retention (WithRetention). For
+	// EventLedgerReplayed, the age of the ledger's row (Entry.Age).
 	Age time.Duration
 	// Owned is, for an outcome of a call that ran fn, how long it owned
 	// the key: from its claim to its outcome's recording, or to the
@@ -200,7 +212,8 @@ func EventKeyDigest(secret []byte, key string) string {
 
 // LogObserver returns an Observer that logs events to l: lost leases and
 // unrecorded outcomes at Error (fn acted and its outcome is not stored),
-// takeovers, errors and calls that ran out of wait at Warn, the rest at
+// takeovers, errors, calls that ran out of wait and outcomes the ledger
+// decided (Redis had lost or not finished the record) at Warn, the rest at
 // Debug. Each record carries the kind, the key's digest, the attempt, the
 // durations and the error, whose message names the key by its digest (the
 // key itself only with WithRawEventKeys(true), as Client.LogAttrs says).
@@ -217,7 +230,7 @@ func (o logObserver) Observe(ctx context.Context, e Event) {
 	switch e.Kind {
 	case EventLeaseLost, EventNotRecorded:
 		level = slog.LevelError
-	case EventTookOver, EventError, EventInProgress:
+	case EventTookOver, EventError, EventInProgress, EventLedgerReplayed:
 		level = slog.LevelWarn
 	}
 	if !o.l.Enabled(ctx, level) {

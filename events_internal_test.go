@@ -25,7 +25,7 @@ func TestNoNotesWithoutObserver(t *testing.T) {
 		cl.observeFollow()
 		cl.observeRelease(ctx)
 		cl.observeStored(nil, nil)
-		cl.observeLedger(true, false, false)
+		cl.observeLedger(true, false, false, 0)
 	}
 	if n := testing.AllocsPerRun(1000, notes); n != 0 {
 		t.Fatalf("%v allocations per call without an observer", n)

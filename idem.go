@@ -84,6 +84,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if len(cfg.observers) > 0 {
 		c.ages = "1"
 	}
+	// Status and Forget reach the tombstones of other Clients whether or
+	// not this one leaves any: it knows their buckets.
+	c.tomb.buckets = serverBuckets
 	if cfg.tombstones > 0 {
 		span := cfg.retention + cfg.tombstones
 		c.tomb = tombstones{on: true, span: span.Milliseconds(), window: tombstoneWindow(span).Milliseconds(), buckets: serverBuckets}

@@ -133,8 +133,9 @@ func (cl *call) observeStored(serr, err error) {
 
 // observeLedger notes an outcome that the ledger decided: this call's own
 // commit (mine; a stored failure when failed), or an earlier attempt's,
-// replayed, or a conflict with it (another fingerprint's).
-func (cl *call) observeLedger(mine, failed, conflict bool) {
+// replayed (age is its row's), or a conflict with it (another
+// fingerprint's).
+func (cl *call) observeLedger(mine, failed, conflict bool, age time.Duration) {
 	st := cl.notes
 	if st == nil {
 		return
@@ -143,7 +144,7 @@ func (cl *call) observeLedger(mine, failed, conflict bool) {
 	case conflict:
 		st.outcome, st.attempt = EventConflict, 0
 	case !mine:
-		st.outcome, st.attempt = EventReplayed, 0
+		st.outcome, st.age = EventLedgerReplayed, age
 	case failed:
 		st.owned, st.outcome = time.Since(st.ownStart), EventFailed
 	default:
@@ -171,11 +172,11 @@ func (cl *call) report(ctx context.Context, err error, returned bool) {
 	case outcome == 0:
 		outcome = outcomeOf(err)
 	}
-	if outcome == EventReplayed && !IsPermanent(err) {
+	if (outcome == EventReplayed || outcome == EventLedgerReplayed) && !IsPermanent(err) {
 		err = nil
 	}
 	e := Event{Kind: outcome, Attempt: st.attempt, Duration: now.Sub(st.start), Wait: st.wait, Err: err}
-	if outcome == EventReplayed && st.age > 0 {
+	if (outcome == EventReplayed || outcome == EventLedgerReplayed) && st.age > 0 {
 		e.Age = st.age
 	}
 	if outcome.Ran() {

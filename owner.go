@@ -187,7 +187,7 @@ func (cl *call) finishFromLedger(ctx context.Context, d decision, fnErr error) (
 	if mine && !e.Failed && fnErr != nil {
 		cl.c.warnKey(ctx, "idem: fn returned an error after its outcome was committed to the ledger; the committed outcome stands", cl.key, fnErr)
 	}
-	cl.observeLedger(mine, e.Failed, conflicts(cl.fp, e.FingerprintDigest))
+	cl.observeLedger(mine, e.Failed, conflicts(cl.fp, e.FingerprintDigest), e.Age)
 	res, err = ledgerOutcome(cl.key, cl.fp, e)
 	return res, false, err
 }

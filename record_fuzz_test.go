@@ -33,13 +33,17 @@ func recordInt(s string) (int64, bool) {
 
 // wantStatus is the contract of lua/status.lua's reply (see its header):
 // what parseStatus must accept, and how it must read it. A reply is
-// {nowMs, pttlMs, st, n, lu}: absent ("", PTTL -2, n and lu 0), in progress
-// or released ("p", "r": attempt n of at least 1, lease end lu of at least
-// 0), done or failed ("d", "f": attempt n of at least 1, lu 0), and a
-// present record has PTTL -1 or at least 0. {"v", reason} and everything
-// else is ErrCorrupt.
+// {nowMs, pttlMs, st, n, lu, tomb}: absent ("", PTTL -2, n and lu 0, tomb
+// 1 with a tombstone, else 0), in progress or released ("p", "r": attempt
+// n of at least 1, lease end lu of at least 0), done or failed ("d", "f":
+// attempt n of at least 1, lu 0), and a present record has PTTL -1 or at
+// least 0 and tomb 0. {"v", reason} and everything else is ErrCorrupt.
 func wantStatus(v []any) (Status, bool) {
-	if len(v) != 5 {
+	if len(v) != 6 {
+		return Status{}, false
+	}
+	tomb, ok := v[5].(int64)
+	if !ok || tomb != 0 && tomb != 1 || tomb == 1 && v[2] != "" {
 		return Status{}, false
 	}
 	now, ok1 := v[0].(int64)
@@ -53,7 +57,7 @@ func wantStatus(v []any) (Status, bool) {
 	var s Status
 	switch st {
 	case "":
-		return Status{}, pttl == -2 && n == 0 && lu == 0
+		return Status{Tombstone: tomb == 1}, pttl == -2 && n == 0 && lu == 0
 	case "p":
 		s.State = StateInProgress
 	case "r":
@@ -81,28 +85,33 @@ func wantStatus(v []any) (Status, bool) {
 func FuzzStatus(f *testing.F) {
 	const now = int64(1700000000000)
 	for _, v := range [][]any{
-		{now, int64(-2), "", int64(0), int64(0)},
-		{now, int64(86400000), "p", int64(1), now + 30000},
-		{now, int64(86400000), "r", int64(3), now - 1},
-		{now, int64(86400000), "d", int64(2), int64(0)},
-		{now, int64(-1), "f", int64(1), int64(0)},
+		{now, int64(-2), "", int64(0), int64(0), int64(0)},
+		{now, int64(-2), "", int64(0), int64(0), int64(1)}, // a tombstone
+		{now, int64(86400000), "p", int64(1), now + 30000, int64(0)},
+		{now, int64(86400000), "r", int64(3), now - 1, int64(0)},
+		{now, int64(86400000), "d", int64(2), int64(0), int64(0)},
+		{now, int64(-1), "f", int64(1), int64(0), int64(0)},
 		// Malformed.
+		{now, int64(86400000), "d", int64(2), int64(0), int64(1)}, // a tombstone beside a record
+		{now, int64(-2), "", int64(0), int64(0), int64(2)},
+		{now, int64(-2), "", int64(0), int64(0), "1"},
+		{now, int64(-2), "", int64(0), int64(0)}, // the reply of before tombstones
 		{"v", "malformed record"},
 		{"v", "unknown record version"},
 		{"v"},
-		{now, int64(5000), "?", int64(1), int64(0)},
-		{now, int64(5000), "", int64(0), int64(0)},
-		{now, int64(-2), "", int64(4), int64(0)},
-		{now, int64(5000), "r", int64(0), int64(0)},
-		{now, int64(5000), "r", int64(-1), int64(0)},
-		{now, int64(5000), "p", int64(1), int64(-5)},
-		{now, int64(5000), "d", int64(1), now},
-		{now, int64(-7), "d", int64(1), int64(0)},
+		{now, int64(5000), "?", int64(1), int64(0), int64(0)},
+		{now, int64(5000), "", int64(0), int64(0), int64(0)},
+		{now, int64(-2), "", int64(4), int64(0), int64(0)},
+		{now, int64(5000), "r", int64(0), int64(0), int64(0)},
+		{now, int64(5000), "r", int64(-1), int64(0), int64(0)},
+		{now, int64(5000), "p", int64(1), int64(-5), int64(0)},
+		{now, int64(5000), "d", int64(1), now, int64(0)},
+		{now, int64(-7), "d", int64(1), int64(0), int64(0)},
 		{"now", int64(5000), "d", int64(1), int64(0)},
-		{now, "ttl", "d", int64(1), int64(0)},
-		{now, int64(5000), "d", "1", int64(0)},
-		{now, int64(5000), "d", int64(1), nil},
-		{now, int64(5000), nil, int64(1), int64(0)},
+		{now, "ttl", "d", int64(1), int64(0), int64(0)},
+		{now, int64(5000), "d", "1", int64(0), int64(0)},
+		{now, int64(5000), "d", int64(1), nil, int64(0)},
+		{now, int64(5000), nil, int64(1), int64(0), int64(0)},
 		{now, int64(5000), "d", int64(1)},
 		{},
 	} {

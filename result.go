@@ -25,7 +25,7 @@ func (c *Client) Result(ctx context.Context, key string) ([]byte, Status, error)
 	if err := c.checkCall(ctx, key); err != nil {
 		return nil, Status{}, err
 	}
-	v, err := statusScript.Run(ctx, c.rdb, c.keys(key)[:1], "1").Slice()
+	v, err := c.status(ctx, key, true)
 	if err != nil {
 		return nil, Status{}, fmt.Errorf("idem: result of key %q: %w", key, err)
 	}
@@ -34,13 +34,16 @@ func (c *Client) Result(ctx context.Context, key string) ([]byte, Status, error)
 		return nil, Status{}, err
 	}
 	if st.State != StateDone && st.State != StateFailed {
-		if len(v) == 6 {
+		if len(v) == 7 {
 			return nil, Status{}, fmt.Errorf("%w: key %q: a record returned for state %v", ErrCorrupt, key, st.State)
 		}
 		return nil, st, nil
 	}
-	rec, ok := v[5].(string)
-	if len(v) != 6 || !ok {
+	if len(v) != 7 {
+		return nil, Status{}, fmt.Errorf("%w: key %q: a finished record without its outcome", ErrCorrupt, key)
+	}
+	rec, ok := v[6].(string)
+	if !ok {
 		return nil, Status{}, fmt.Errorf("%w: key %q: a finished record without its outcome", ErrCorrupt, key)
 	}
 	r := readFinished(rec, "")

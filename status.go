@@ -57,6 +57,11 @@ type Status struct {
 	LeaseEnds time.Time
 	// Expires is when the record will be deleted (zero when absent).
 	Expires time.Time
+	// Tombstone reports, for an absent record, that a tombstone of the key
+	// is left (WithTombstones, by this Client or any other): the key was
+	// used, its retention ended, and a call gets ErrLateRetry (with a
+	// ledger, the ledger's outcome when it holds one).
+	Tombstone bool
 }
 
 // Status reports the state of key's record without changing it.
@@ -64,11 +69,23 @@ func (c *Client) Status(ctx context.Context, key string) (Status, error) {
 	if err := c.checkCall(ctx, key); err != nil {
 		return Status{}, err
 	}
-	v, err := statusScript.Run(ctx, c.rdb, c.keys(key)[:1]).Slice()
+	v, err := c.status(ctx, key, false)
 	if err != nil {
 		return Status{}, fmt.Errorf("idem: status of key %q: %w", key, err)
 	}
 	return parseStatus(key, v)
+}
+
+// status runs lua/status.lua for key; withRecord asks for a finished
+// record itself too (Result). The tombstones it looks in are every
+// Client's, whether or not this one leaves any.
+func (c *Client) status(ctx context.Context, key string, withRecord bool) ([]any, error) {
+	rk := c.recordKey(key)
+	keys := []string{rk, c.tomb.base(c.cfg.prefix, rk)}
+	if withRecord {
+		return statusScript.Run(ctx, c.rdb, keys, tombstoneField(rk), "1").Slice()
+	}
+	return statusScript.Run(ctx, c.rdb, keys, tombstoneField(rk)).Slice()
 }
 
 func parseStatus(key string, v []any) (Status, error) {
@@ -80,7 +97,7 @@ func parseStatus(key string, v []any) (Status, error) {
 			return bad(why)
 		}
 	}
-	if len(v) != 5 && len(v) != 6 {
+	if len(v) != 6 && len(v) != 7 {
 		return bad("unexpected status reply")
 	}
 	now, ok1 := v[0].(int64)
@@ -88,14 +105,15 @@ func parseStatus(key string, v []any) (Status, error) {
 	st, ok3 := v[2].(string)
 	n, ok4 := v[3].(int64)
 	lu, ok5 := v[4].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+	tomb, ok6 := v[5].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || tomb != 0 && tomb != 1 || tomb == 1 && st != "" {
 		return bad("unexpected status reply")
 	}
 	switch {
 	case st == "" && (pttl != -2 || n != 0 || lu != 0):
 		return bad("inconsistent reply for an absent record")
 	case st == "":
-		return Status{}, nil
+		return Status{Tombstone: tomb == 1}, nil
 	case pttl < -1 || n < 1 || lu < 0 || (lu != 0 && (st == string(recordDone) || st == string(recordFailed))):
 		return bad("inconsistent status reply")
 	}
@@ -123,8 +141,9 @@ func parseStatus(key string, v []any) (Status, error) {
 }
 
 // Forget deletes key's record, whatever its state, its steps' checkpoints
-// (see Step) and its tombstone (WithTombstones): the next Do runs fn as
-// attempt 1, from its first step. It is an operator's escape hatch (a
+// (see Step) and its tombstones (WithTombstones), left by any Client,
+// whatever its span and whether or not this Client leaves tombstones
+// itself: the next Do runs fn as attempt 1, from its first step. It is an operator's escape hatch (a
 // stuck or wrong record); forgetting a key whose operation ran lets a
 // retry run it again. Waiters of a forgotten in-progress key see
 // ErrExpired.
@@ -133,13 +152,7 @@ func (c *Client) Forget(ctx context.Context, key string) error {
 		return err
 	}
 	rk := c.recordKey(key)
-	var err error
-	if c.tomb.on {
-		err = forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix, c.tomb.base(c.cfg.prefix, rk)},
-			tombstoneField(rk)).Err()
-	} else {
-		err = forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix}).Err()
-	}
+	err := forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix, c.tomb.base(c.cfg.prefix, rk)}, tombstoneField(rk)).Err()
 	if err != nil {
 		return fmt.Errorf("idem: forget key %q: %w", key, err)
 	}

@@ -33,7 +33,7 @@ func (cl *call) lateRetry(ctx context.Context) ([]byte, error) {
 	case d.e == nil:
 		return nil, late
 	}
-	cl.observeLedger(false, d.e.Failed, conflicts(cl.fp, d.e.FingerprintDigest))
+	cl.observeLedger(false, d.e.Failed, conflicts(cl.fp, d.e.FingerprintDigest), d.e.Age)
 	return ledgerOutcome(cl.key, cl.fp, d.e)
 }
 

@@ -5,9 +5,9 @@
 -- KEYS[1]  the record, <prefix>:{<key>}
 -- KEYS[2]  its steps' checkpoints, <prefix>:{<key>}:steps (see
 --          lua/step.lua), deleted with it in one command
--- KEYS[3]  (with tombstones) the stem of its tombstone buckets (see
---          lua/tombstone.lua)
--- ARGV[1]  (with tombstones) the tombstone's field
+-- KEYS[3]  the stem of its tombstone buckets (see lua/tombstone.lua),
+--          passed whether or not the caller leaves tombstones
+-- ARGV[1]  the tombstone's field
 --
 -- Returns 1. Every tombstone of the key is marked forgotten ("x"), not
 -- removed (buckets only fill up until they expire), in the windows of every

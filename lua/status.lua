@@ -3,14 +3,18 @@
 -- (lua/record.lua, prepended, describes the record and its helpers.)
 --
 -- KEYS[1]  the record, <prefix>:{<key>}
--- ARGV[1]  "1" to have a finished record itself returned too (Result)
+-- KEYS[2]  the stem of its tombstone buckets (see lua/tombstone.lua)
+-- ARGV[1]  the tombstone's field
+-- ARGV[2]  "1" to have a finished record itself returned too (Result)
 --
--- Returns {nowMs, pttlMs, st, n, lu}, and the record as a sixth element
--- when ARGV[1] is "1" and the record is finished ("d" or "f"), where nowMs is the server's clock
--- (TIME), pttlMs is PTTL's answer (-2 absent, -1 no TTL), st is "" when the
--- record is absent, n is 0 when absent, and lu is the lease end in server
--- time for "p" and "r" records (0 otherwise); or {"v", reason} when the
--- record is not one this version understands.
+-- Returns {nowMs, pttlMs, st, n, lu, tomb}, and the record as a seventh
+-- element when ARGV[2] is "1" and the record is finished ("d" or "f"),
+-- where nowMs is the server's clock (TIME), pttlMs is PTTL's answer (-2
+-- absent, -1 no TTL), st is "" when the record is absent, n is 0 when
+-- absent, lu is the lease end in server time for "p" and "r" records (0
+-- otherwise), and tomb is 1 when the record is absent and a live
+-- tombstone of the key is left, by a Client of any span, else 0; or
+-- {"v", reason} when the record is not one this version understands.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local s, why = get(KEYS[1])
@@ -19,7 +23,12 @@ if s == nil then
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if not s then
-  return {now, pttl, '', 0, 0}
+  --[[lua/tombstone.lua]]
+  local tomb = 0
+  if tombLookup(KEYS[2], ARGV[1]) then
+    tomb = 1
+  end
+  return {now, pttl, '', 0, 0, tomb}
 end
 local st, fp, _, n, _, mark = parse(s)
 if not st then
@@ -29,7 +38,7 @@ local lu = 0
 if mark then
   lu = math.max(now + pttl - mark, 0)
 end
-if ARGV[1] == '1' and (st == 'd' or st == 'f') then
-  return {now, pttl, st, n, lu, s}
+if ARGV[2] == '1' and (st == 'd' or st == 'f') then
+  return {now, pttl, st, n, lu, 0, s}
 end
-return {now, pttl, st, n, lu}
+return {now, pttl, st, n, lu, 0}

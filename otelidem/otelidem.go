@@ -17,7 +17,8 @@
 // and a dashboard, checked by a test against Prometheus's own engine.
 //
 //	idem.calls           counter    calls, by idem.outcome (executed, replayed, conflict,
-//	                                lease_lost, released, failed, not_recorded, in_progress, error)
+//	                                lease_lost, released, failed, not_recorded, in_progress, error,
+//	                                late_retry, ledger_replayed)
 //	idem.call.duration   histogram  seconds a call took, by idem.outcome
 //	idem.wait.duration   histogram  seconds a call waited for another owner (calls that waited)
 //	idem.owned.duration  histogram  seconds a call owned the key: fn's run time plus recording
@@ -27,6 +28,14 @@
 //	                                how late retries come (see below)
 //	idem.late_retries    counter    calls refused as late retries (idem.ErrLateRetry):
 //	                                the outcome's retention had ended, its tombstone was left
+//
+// An outcome that the ledger decided (idem.WithLedger), not Redis, is
+// counted as ledger_replayed, not replayed: a takeover found the dead
+// owner's commit, or Redis lost the record and the ledger still held the
+// outcome. A steady rate of them says that Redis loses records (restarts
+// without persistence, failovers without WAIT) or that owners die
+// between their commit and the Redis completion; the ledger made those
+// calls safe. Their idem.replay.age is the ledger row's age.
 //
 // Traces: a span "idem.Do" per call, started before the claim, so that
 // what fn does nests under it, and ended with the attributes idem.outcome,
@@ -265,7 +274,7 @@ func (o *Observer) Observe(ctx context.Context, e idem.Event) {
 		o.leaseLosses.Add(ctx, 1)
 	case e.Kind == idem.EventLateRetry:
 		o.lateRetries.Add(ctx, 1)
-	case e.Kind == idem.EventReplayed && e.Age > 0:
+	case (e.Kind == idem.EventReplayed || e.Kind == idem.EventLedgerReplayed) && e.Age > 0:
 		o.age.Record(ctx, e.Age.Seconds())
 	}
 	if span == nil {

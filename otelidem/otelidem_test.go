@@ -237,7 +237,7 @@ func TestEveryKind(t *testing.T) {
 	if sums["idem.takeovers/"] != 1 || sums["idem.lease_losses/"] != 1 || hists["idem.wait.duration/"] != 1 || hists["idem.owned.duration/"] != 5 {
 		t.Errorf("sums %v, histograms %v", sums, hists)
 	}
-	if n != 12 {
+	if n != 13 {
 		t.Errorf("%d kinds", n)
 	}
 }

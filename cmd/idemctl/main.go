@@ -1,13 +1,17 @@
 // Command idemctl lets an operator see and mend the idempotency records
 // that github.com/idem-go/idem keeps in Redis.
 //
-//	idemctl status KEY [flags]   the state of one key's record
-//	idemctl forget KEY -yes      delete one key's record
+//	idemctl status KEY [flags]   the state of one key's record, and its ledger row (-ledger)
+//	idemctl forget KEY -yes      delete one key's record and tombstone; say what the next call does
 //	idemctl stats [flags]        every record under the prefix: states, attempts, sizes, TTLs
 //	idemctl check [flags]        whether Redis can keep idem's promises (idem's Client.Check)
 //
 // Flags go before or after the command and its key; -- ends them, for a
-// key that starts with '-'. It talks to the Redis at -redis, an address
+// key that starts with '-'. With -ledger DSN (postgres://…, mysql://…,
+// sqlite:PATH),
+// status and forget also read the key's row in the service's ledger
+// (idemsql's table): whether it holds the key's outcome, and since when;
+// without it they say that they did not look. It talks to the Redis at -redis, an address
 // (host:port) or a redis:// or rediss:// URL; with -cluster, to a Redis
 // Cluster through any of its nodes (a comma-separated list of addresses,
 // or a URL). -scope PRINCIPAL names the key of an HTTP request that
@@ -60,10 +64,15 @@ keep idem's promises, and, as a last resort, deleting one key's record.
 Commands:
   status KEY   the state of KEY's record; an in-progress record whose lease
                ended belongs to an owner that is gone: the next call takes over;
-               with no record, records of KEY under another httpidem scope or
-               prefix are named (exit 1)
-  forget KEY   delete KEY's record (needs -yes): the next call with KEY runs
-               its operation again, as attempt 1
+               a tombstone left after the retention (idem.WithTombstones);
+               with -ledger, whether the ledger holds KEY's outcome and since
+               when; with no record, records of KEY under another httpidem
+               scope or prefix are named (exit 1)
+  forget KEY   delete KEY's record, its steps' checkpoints and its tombstone
+               (needs -yes), and say what the next call with KEY does: run its
+               operation again as attempt 1, or, when the ledger (-ledger)
+               holds its outcome, get that outcome (idemctl never writes to
+               the ledger)
   stats        scan every record under the prefix (SCAN, read-only): records
                by state, attempts above 1, value bytes (STRLEN), memory
                (MEMORY USAGE, sampled in large keyspaces), TTLs, the biggest
@@ -83,7 +92,7 @@ Exit status: 0 done (check: no problems); 1 failed (Redis unreachable or
 failing, a record that cannot be read, problems found by check, no record
 of KEY while records of it exist under another scope or prefix); 2 bad
 usage (unknown command or flag, missing or extra argument, malformed
--redis, forget without -yes).
+-redis or -ledger, forget without -yes).
 
 Flags:
 `
@@ -96,9 +105,12 @@ type options struct {
 	json    bool
 	yes     bool
 	timeout time.Duration
-	top     int
-	sample  int
-	batch   int
+	// ledger is -ledger, the DSN of the service's ledger ("": not looked
+	// at); ledgerTable its table (idemsql.WithTable).
+	ledger, ledgerTable string
+	top                 int
+	sample              int
+	batch               int
 	// retention is the Client's (idem.WithRetention), for stats' record
 	// ages; 0: infer it.
 	retention time.Duration
@@ -142,6 +154,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	scope := fs.String("scope", "", "status, forget: KEY is an HTTP Idempotency-Key that httpidem stored for this `principal` (what WithScope returned; '' without WithScope)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
 	fs.BoolVar(&o.yes, "yes", false, "confirm forget")
+	fs.StringVar(&o.ledger, "ledger", "", "status, forget: the `DSN` of the service's ledger (idemsql), read-only: postgres://user:password@host:port/db, mysql://user:password@host:port/db or sqlite:PATH; without it the ledger is not looked at")
+	fs.StringVar(&o.ledgerTable, "ledger-table", "idem_ledger", "status, forget: the ledger's `table` (idemsql.WithTable)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up status, forget and check after this `duration` (stats runs until done or interrupted)")
 	fs.IntVar(&o.top, "top", 10, "stats: how many of the biggest records to list")
 	fs.IntVar(&o.sample, "sample", 10000, "stats: about how many records to measure with MEMORY USAGE")
@@ -216,6 +230,8 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return usagef("%s: the KEY is empty", cmd)
 	case !wantKey && o.scope != nil:
 		return usagef("-scope names the key of status and forget; %s takes no key", cmd)
+	case !wantKey && o.ledger != "":
+		return usagef("-ledger is read by status and forget; %s does not read the ledger", cmd)
 	case cmd == "forget" && !o.yes:
 		return usagef("forget deletes the record of %q: the next call with the key runs its operation again; add -yes to confirm (idemctl forget KEY -yes)", args[0])
 	case o.prefix == "" || strings.ContainsAny(o.prefix, "{}"):
@@ -224,6 +240,14 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return usagef("-top and -sample must not be negative, and -batch must be positive")
 	case o.retention < 0:
 		return usagef("-retention %v: must not be negative", o.retention)
+	}
+	var ldb *ledgerDB
+	if o.ledger != "" {
+		var err error
+		if ldb, err = openLedger(o.ledger, o.ledgerTable); err != nil {
+			return err
+		}
+		defer ldb.Close()
 	}
 	rdb, err := connect(o)
 	if err != nil {
@@ -238,9 +262,9 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 	out := &printer{w: stdout, json: o.json}
 	switch cmd {
 	case "status":
-		return status(ctx, o, rdb, args[0], out)
+		return status(ctx, o, rdb, ldb, args[0], out)
 	case "forget":
-		return forget(ctx, o, rdb, args[0], out)
+		return forget(ctx, o, rdb, ldb, args[0], out)
 	case "check":
 		return check(ctx, o, rdb, out)
 	}
@@ -328,20 +352,26 @@ func (p *printer) object(v any) error {
 
 // statusJSON is a record's state in -json output.
 type statusJSON struct {
-	Key       string      `json:"key"`             // as idem stores it
-	Scope     *string     `json:"scope,omitempty"` // -scope
-	Record    string      `json:"record"`
-	State     string      `json:"state"`
-	Attempt   int64       `json:"attempt"`
-	LeaseEnds *time.Time  `json:"lease_ends,omitempty"`
-	LeaseLive bool        `json:"lease_live"`
-	Expires   *time.Time  `json:"expires,omitempty"`
+	Key       string     `json:"key"`             // as idem stores it
+	Scope     *string    `json:"scope,omitempty"` // -scope
+	Record    string     `json:"record"`
+	State     string     `json:"state"`
+	Attempt   int64      `json:"attempt"`
+	LeaseEnds *time.Time `json:"lease_ends,omitempty"`
+	LeaseLive bool       `json:"lease_live"`
+	Expires   *time.Time `json:"expires,omitempty"`
+	// Tombstone: the record is gone after its retention and a tombstone of
+	// the key is left (idem.WithTombstones): a call gets ErrLateRetry.
+	Tombstone bool        `json:"tombstone"`
+	Ledger    ledgerJSON  `json:"ledger"`
+	Next      string      `json:"next"`                // what the next call with the key does
 	Elsewhere []elsewhere `json:"elsewhere,omitempty"` // records of the KEY under other scopes or prefixes, when it has none
 }
 
-// status reports the record of arg, the KEY argument; when there is none,
-// it looks for records of arg under other scopes and prefixes.
-func status(ctx context.Context, o options, rdb redis.UniversalClient, arg string, out *printer) error {
+// status reports the record of arg, the KEY argument, and its ledger row
+// (with -ledger); when there is no record, it looks for records of arg
+// under other scopes and prefixes.
+func status(ctx context.Context, o options, rdb redis.UniversalClient, ldb *ledgerDB, arg string, out *printer) error {
 	c := client(o, rdb)
 	defer c.Close()
 	key := o.key(arg)
@@ -350,8 +380,12 @@ func status(ctx context.Context, o options, rdb redis.UniversalClient, arg strin
 		return err
 	}
 	j := describe(o, key, st)
+	if j.Ledger, err = ldb.lookup(ctx, key); err != nil {
+		return err
+	}
+	j.Next = nextCall(st, st.Tombstone, j.Ledger)
 	var partial bool
-	if st.State == idem.StateAbsent {
+	if st.State == idem.StateAbsent && !st.Tombstone && !j.Ledger.Found {
 		if j.Elsewhere, partial, err = findElsewhere(ctx, o, rdb, "status", arg); err != nil {
 			return err
 		}
@@ -367,7 +401,7 @@ func status(ctx context.Context, o options, rdb redis.UniversalClient, arg strin
 }
 
 func describe(o options, key string, st idem.Status) statusJSON {
-	j := statusJSON{Key: key, Scope: o.scope, Record: recordKey(o.prefix, key), State: st.State.String(), Attempt: st.Attempt}
+	j := statusJSON{Key: key, Scope: o.scope, Record: recordKey(o.prefix, key), State: st.State.String(), Attempt: st.Attempt, Tombstone: st.Tombstone}
 	if !st.LeaseEnds.IsZero() {
 		t := st.LeaseEnds.UTC()
 		j.LeaseEnds = &t
@@ -387,31 +421,41 @@ func printStatus(out *printer, j statusJSON, st idem.Status) {
 	}
 	out.printf("state:    %s\n", j.State)
 	if st.State == idem.StateAbsent {
-		out.printf("          no record: the next call runs the operation as attempt 1\n")
-		return
+		if j.Tombstone {
+			out.printf("          no record, but a tombstone: the key was used and its retention ended\n")
+		} else {
+			out.printf("          no record\n")
+		}
+	} else {
+		out.printf("attempt:  %d\n", j.Attempt)
 	}
-	out.printf("attempt:  %d\n", j.Attempt)
 	if j.LeaseEnds != nil {
 		left := time.Until(*j.LeaseEnds).Round(time.Millisecond)
 		switch {
 		case st.State == idem.StateReleased:
-			out.printf("lease:    given back: the next call runs attempt %d\n", j.Attempt+1)
+			out.printf("lease:    given back\n")
 		case left > 0:
 			out.printf("lease:    ends %s (in %v): its owner is running the operation\n", j.LeaseEnds.Format(time.RFC3339Nano), left)
 		default:
-			out.printf("lease:    ended %s (%v ago): its owner is gone; the next call takes over as attempt %d\n", j.LeaseEnds.Format(time.RFC3339Nano), -left, j.Attempt+1)
+			out.printf("lease:    ended %s (%v ago): its owner is gone\n", j.LeaseEnds.Format(time.RFC3339Nano), -left)
 		}
 	}
-	if j.Expires != nil {
+	switch {
+	case st.State == idem.StateAbsent:
+	case j.Expires != nil:
 		out.printf("expires:  %s (in %v)\n", j.Expires.Format(time.RFC3339Nano), time.Until(*j.Expires).Round(time.Second))
-	} else {
+	default:
 		out.printf("expires:  never (the record has no TTL: idem always sets one; was it changed by hand?)\n")
 	}
+	out.printf("ledger:   %s\n", j.Ledger.line())
+	out.printf("next:     %s\n", j.Next)
 }
 
-// forget deletes the record of arg, the KEY argument; when there is none,
-// it looks for records of arg under other scopes and prefixes.
-func forget(ctx context.Context, o options, rdb redis.UniversalClient, arg string, out *printer) error {
+// forget deletes the record of arg, the KEY argument, its steps'
+// checkpoints and its tombstone, and says what the next call does, from
+// the ledger's row (with -ledger). When there is neither a record nor a
+// tombstone, it looks for records of arg under other scopes and prefixes.
+func forget(ctx context.Context, o options, rdb redis.UniversalClient, ldb *ledgerDB, arg string, out *printer) error {
 	c := client(o, rdb)
 	defer c.Close()
 	key := o.key(arg)
@@ -419,26 +463,43 @@ func forget(ctx context.Context, o options, rdb redis.UniversalClient, arg strin
 	if err != nil && !errors.Is(err, idem.ErrCorrupt) {
 		return err
 	}
-	if err == nil && st.State == idem.StateAbsent {
+	lj, lerr := ldb.lookup(ctx, key)
+	if lerr != nil {
+		return fmt.Errorf("%w; nothing was forgotten", lerr)
+	}
+	next := nextCall(idem.Status{}, false, lj)
+	// Forget whatever Status saw: a tombstone it could not see (a bucket
+	// written as it looked) is marked forgotten all the same.
+	if ferr := c.Forget(ctx, key); ferr != nil {
+		return ferr
+	}
+	if err == nil && st.State == idem.StateAbsent && !st.Tombstone {
 		found, partial, err := findElsewhere(ctx, o, rdb, "forget", arg)
 		if err != nil {
 			return err
 		}
-		out.printf("key %q has no record: nothing to forget\n", key)
-		if err := out.object(map[string]any{"key": key, "forgotten": false, "was": "absent", "elsewhere": found}); err != nil {
+		out.printf("key %q has no record and no tombstone: nothing to forget\n", key)
+		out.printf("ledger: %s\nnext:   %s\n", lj.line(), next)
+		if err := out.object(map[string]any{"key": key, "forgotten": false, "was": "absent", "ledger": lj, "next": next, "elsewhere": found}); err != nil {
 			return err
 		}
 		return reportElsewhere(out, arg, found, partial)
 	}
-	if err := c.Forget(ctx, key); err != nil {
-		return err
-	}
 	was := "unreadable"
-	if err == nil {
+	switch {
+	case err != nil:
+	case st.State == idem.StateAbsent:
+		was = "a tombstone"
+	default:
 		was = st.State.String()
 	}
-	out.printf("forgot key %q (it was %s, attempt %d): the next call runs the operation again as attempt 1\n", key, was, st.Attempt)
-	return out.object(map[string]any{"key": key, "forgotten": true, "was": was, "attempt": st.Attempt})
+	if st.State == idem.StateAbsent || err != nil {
+		out.printf("forgot key %q (it was %s)\n", key, was)
+	} else {
+		out.printf("forgot key %q (it was %s, attempt %d)\n", key, was, st.Attempt)
+	}
+	out.printf("ledger: %s\nnext:   %s\n", lj.line(), next)
+	return out.object(map[string]any{"key": key, "forgotten": true, "was": was, "attempt": st.Attempt, "tombstone": st.Tombstone, "ledger": lj, "next": next})
 }
 
 func check(ctx context.Context, o options, rdb redis.UniversalClient, out *printer) error {

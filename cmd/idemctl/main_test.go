@@ -20,6 +20,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/httpidem"
 	"github.com/idem-go/idem/internal/redistest"
+	"github.com/idem-go/idem/ledgertest/dbtest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
@@ -29,6 +30,7 @@ import (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	dbtest.StopShared()
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/httpidem"
+	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/internal/readmetest"
 	"github.com/idem-go/idem/internal/redistest"
 )
@@ -42,9 +44,34 @@ func TestReadme(t *testing.T) {
 	req.Header.Set(httpidem.HeaderIdempotencyKey, "k-1")
 	h.ServeHTTP(httptest.NewRecorder(), req)
 
+	// A debit that its ledger holds, whose record Redis lost.
+	dir := t.TempDir()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ledger := idemsql.New(db, idemsql.SQLite)
+	if err := ledger.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lc := idem.New(rdb, idem.WithLedger(ledger), idem.WithLogger(nil))
+	defer lc.Close()
+	if _, err := lc.Do(ctx, "debit-7", "fp", func(ctx context.Context) ([]byte, error) {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		defer tx.Rollback()
+		return []byte("receipt-7"), idemsql.Commit(ctx, tx, []byte("receipt-7"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rdb.Del(ctx, "idem:{debit-7}")
+
 	bin := filepath.Dir(binary(t))
 	readmetest.Run(t, "README.md", readmetest.Options{
-		Dir:     t.TempDir(),
+		Dir:     dir,
 		Env:     []string{"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH")},
 		Replace: []string{"localhost:6379", srv.Addr()},
 	})

@@ -216,7 +216,7 @@ func foundInLedger(found func()) idem.Observer {
 		switch {
 		case e.Kind == idem.EventTookOver:
 			tookOver[e.Key] = true
-		case e.Kind == idem.EventReplayed && tookOver[e.Key]:
+		case e.Kind == idem.EventLedgerReplayed && tookOver[e.Key]:
 			found()
 			fallthrough
 		case e.Kind.Outcome():

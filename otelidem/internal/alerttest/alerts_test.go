@@ -74,6 +74,9 @@ var scenarios = map[string]scenario{
 	}, firing: 8 * time.Minute, quiet: 4 * time.Minute},
 	// The first late retry of a process (idem.WithTombstones).
 	"late retries": {trouble: once(idem.EventLateRetry), firing: 6 * time.Minute, quiet: 4 * time.Minute},
+	// The first outcome of a process that the ledger decided: Redis had
+	// lost the record, or never finished it.
+	"ledger replays": {trouble: once(idem.EventLedgerReplayed), firing: 6 * time.Minute, quiet: 4 * time.Minute},
 	"errors": {trouble: func(s *sim, at time.Duration) {
 		if at >= start {
 			s.observe(idem.Event{Kind: idem.EventError, Duration: time.Millisecond, Err: idem.ErrUnavailable})

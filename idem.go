@@ -242,8 +242,20 @@ func (cl *call) detached(ctx context.Context, max time.Duration) ([]byte, error)
 		value    any // the panic's
 	}
 	c := cl.c
-	done := make(chan outcome, 1)
-	gone := make(chan struct{}) // closed when the caller stops waiting
+	var (
+		mu   sync.Mutex // orders the caller's leaving and the outcome's sending
+		gone bool       // the caller stopped waiting; guarded by mu
+		done = make(chan outcome, 1)
+	)
+	send := func(o outcome) {
+		mu.Lock()
+		defer mu.Unlock()
+		if gone && o.panicked {
+			c.cfg.logger.LogAttrs(context.WithoutCancel(ctx), slog.LevelError, "idem: a detached fn panicked after its caller had gone; its claim was released",
+				append(c.LogAttrs(cl.key, nil), slog.Any("panic", o.value))...)
+		}
+		done <- o
+	}
 	c.bg.Add()
 	go func() {
 		defer c.bg.Done()
@@ -251,35 +263,37 @@ func (cl *call) detached(ctx context.Context, max time.Duration) ([]byte, error)
 		defer cancel()
 		finished := false
 		defer func() {
-			if finished {
-				return
+			if !finished {
+				// A panic (recovered here), or runtime.Goexit (recover
+				// returns nil): own has given the claim back.
+				send(outcome{panicked: true, value: recover()})
 			}
-			r := recover() // nil after runtime.Goexit: reported as a panic of nil
-			select {
-			case <-gone:
-				c.cfg.logger.LogAttrs(dctx, slog.LevelError, "idem: a detached fn panicked after its caller had gone; its claim was released",
-					append(c.LogAttrs(cl.key, nil), slog.Any("panic", r))...)
-			default:
-			}
-			done <- outcome{panicked: true, value: r}
 		}()
 		res, err := c.flights.do(dctx, cl)
 		finished = true
-		done <- outcome{res: res, err: err}
+		send(outcome{res: res, err: err})
 	}()
+	var o outcome
 	select {
-	case o := <-done:
-		if o.panicked {
-			if o.value == nil {
-				panic(fmt.Sprintf("idem: key %q: the detached fn called runtime.Goexit or panicked with nil", cl.key))
-			}
-			panic(o.value)
-		}
-		return o.res, o.err
+	case o = <-done:
 	case <-ctx.Done():
-		close(gone)
-		return nil, fmt.Errorf("idem: key %q: the caller's context ended; fn goes on, detached (WithDetach), and its outcome is recorded for the retry: %w", cl.key, ctx.Err())
+		mu.Lock()
+		gone = true
+		select {
+		case o = <-done: // it ended as the caller left: the caller gets it
+			mu.Unlock()
+		default:
+			mu.Unlock()
+			return nil, fmt.Errorf("idem: key %q: the caller's context ended; fn goes on, detached (WithDetach), and its outcome is recorded for the retry: %w", cl.key, ctx.Err())
+		}
 	}
+	if o.panicked {
+		if o.value == nil {
+			panic(fmt.Sprintf("idem: key %q: the detached fn called runtime.Goexit or panicked with nil", cl.key))
+		}
+		panic(o.value)
+	}
+	return o.res, o.err
 }
 
 // Do is the typed form of Client.Do: fn's result is stored encoded with

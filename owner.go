@@ -15,10 +15,13 @@ import (
 )
 
 // owning is what a call holds while it owns the key, in one allocation:
-// fn's context, and its lease's renewal.
+// fn's context, its lease's renewal, and what the ledger said before fn
+// (see run).
 type owning struct {
-	fctx  attemptCtx
-	lease renewal
+	fctx     attemptCtx
+	lease    renewal
+	recorded decision // the outcome the ledger holds, if it decided
+	lerr     error    // the ledger's lookup failed
 }
 
 // own runs fn as the owner of attempt cl.n and records its outcome.
@@ -31,9 +34,18 @@ type owning struct {
 // Model: steps Complete and Release (the owner's side) of process Caller
 // in model/idem.pml; the lease while fn runs is renewLoop's.
 func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool, err error) {
-	c := cl.c
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	o := cl.prepare(cctx, cancel, deadline)
+	res, err = cl.run(ctx, o)
+	return cl.finish(ctx, o, res, err)
+}
+
+// prepare readies the call to own the key until deadline: fn's context on
+// cctx, the hold for Commit with a ledger, the steps, and the lease's
+// renewals, started.
+func (cl *call) prepare(cctx context.Context, cancel context.CancelCauseFunc, deadline int64) *owning {
+	c := cl.c
 	o := &owning{fctx: attemptCtx{Context: cctx, a: Attempt{Key: cl.key, Number: cl.n}, cancel: cancel, call: cl}}
 	fctx := &o.fctx
 	fctx.deadline.Store(deadline)
@@ -45,7 +57,15 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 	fctx.steps.init(c, cl.key, cl.keys[0], cl.token, cl.n, p)
 	o.lease = renewal{ctx: fctx, due: monoBase.Add(time.Duration(deadline) - 2*c.renewals.every)}
 	c.renewals.start(&o.lease)
+	return o
+}
 
+// run looks the ledger up when an earlier attempt may have committed (or
+// WithLedgerLookups asks), runs fn unless the ledger decided or failed,
+// and stops the steps and the renewals. When fn panics or calls
+// runtime.Goexit, run gives the claim back on its way out.
+func (cl *call) run(ctx context.Context, o *owning) (res []byte, err error) {
+	c, fctx, p := cl.c, &o.fctx, o.fctx.pending
 	returned := false
 	defer func() {
 		if !returned {
@@ -61,37 +81,32 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 			cl.release(ctx, false)
 		}
 	}()
-	var (
-		recorded decision // the outcome the ledger holds, if it decided
-		lerr     error    // the ledger's lookup failed
-	)
 	if p != nil && (cl.n > 1 || c.cfg.ledgerLookups) {
 		// A takeover: an earlier attempt may have committed.
-		recorded, lerr = cl.lookup(fctx)
-		if recorded.e == nil && lerr == nil {
-			lerr = cl.leftAfterLookup(fctx)
+		o.recorded, o.lerr = cl.lookup(fctx)
+		if o.recorded.e == nil && o.lerr == nil {
+			o.lerr = cl.leftAfterLookup(fctx)
 		}
 	}
-	if recorded.e == nil && lerr == nil {
+	if o.recorded.e == nil && o.lerr == nil {
 		res, err = cl.fn(fctx)
 	}
 	returned = true
 	fctx.steps.end()
 	c.renewals.stop(&o.lease)
+	return res, err
+}
+
+// finish ends the attempt after run: with the outcome fn committed to the
+// ledger, or the one the ledger held before fn; with the claim given back
+// when nothing is to be recorded (the lookup failed, or fn failed
+// transiently); or by recording fn's outcome in Redis (store).
+func (cl *call) finish(ctx context.Context, o *owning, res []byte, err error) ([]byte, bool, error) {
+	fctx, p := &o.fctx, o.fctx.pending
 	if p != nil {
 		d, undecided := p.close()
 		if d.e != nil {
-			res, retry, err = cl.finishFromLedger(ctx, d, err)
-			if ferr, ok := d.v.(error); ok && d.mine && d.e.Failed {
-				err = ferr // the owner's own error, as without a ledger
-			}
-			if serr := fctx.steps.afterCommitErr(); serr != nil && d.mine {
-				// Nothing silently lost: the outcome stands, and the owner
-				// learns which steps never ran or finished. Followers in
-				// this process claim for themselves and get the outcome.
-				err, retry = errors.Join(err, fmt.Errorf("idem: key %q: the outcome is committed and stands, but: %w", cl.key, serr)), true
-			}
-			return res, retry, err
+			return cl.finishCommitted(ctx, fctx, d, err)
 		}
 		if undecided && err == nil {
 			// fn tried to commit and did not, yet returned success: storing
@@ -102,19 +117,41 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 		}
 	}
 	switch {
-	case lerr != nil:
+	case o.lerr != nil:
 		cl.observeRelease(fctx)
 		cl.release(ctx, false)
-		return nil, true, lerr
-	case recorded.e != nil:
-		return cl.finishFromLedger(ctx, recorded, nil)
-	}
-
-	if err != nil && !IsPermanent(err) {
+		return nil, true, o.lerr
+	case o.recorded.e != nil:
+		return cl.finishFromLedger(ctx, o.recorded, nil)
+	case err != nil && !IsPermanent(err):
 		cl.observeRelease(fctx)
 		cl.release(ctx, false)
 		return nil, true, err
 	}
+	return cl.store(ctx, res, err)
+}
+
+// finishCommitted finishes the call from d, the outcome its attempt's
+// Commit decided: the ledger's, with the owner's own error when it failed,
+// and the steps that did not finish after the commit joined to it.
+func (cl *call) finishCommitted(ctx context.Context, fctx *attemptCtx, d decision, fnErr error) (res []byte, retry bool, err error) {
+	res, retry, err = cl.finishFromLedger(ctx, d, fnErr)
+	if ferr, ok := d.v.(error); ok && d.mine && d.e.Failed {
+		err = ferr // the owner's own error, as without a ledger
+	}
+	if serr := fctx.steps.afterCommitErr(); serr != nil && d.mine {
+		// Nothing silently lost: the outcome stands, and the owner
+		// learns which steps never ran or finished. Followers in
+		// this process claim for themselves and get the outcome.
+		err, retry = errors.Join(err, fmt.Errorf("idem: key %q: the outcome is committed and stands, but: %w", cl.key, serr)), true
+	}
+	return res, retry, err
+}
+
+// store records fn's outcome in Redis: res, or err, a permanent failure
+// (a result over the size limit is one too).
+func (cl *call) store(ctx context.Context, res []byte, err error) ([]byte, bool, error) {
+	c := cl.c
 	var record []byte
 	var free func()
 	switch {

@@ -14,9 +14,8 @@ import (
 // bounds hands out the contexts of work that must go on after its caller
 // gave up, recording an outcome or releasing a claim, for at least d and
 // at most d + d/16. Every call needs such a bound, and a context of its own
-// (context.WithTimeout: a timer and four allocations) was a good part of a
-// call's cost in Go; the calls of one sixteenth of d share one deadline
-// instead.
+// (context.WithTimeout) would cost each call a timer; the calls of one
+// sixteenth of d share one deadline instead.
 type bounds struct {
 	d   time.Duration
 	cur atomic.Pointer[bound]

@@ -102,12 +102,12 @@ func NewKeyArgs(c *Client, fp, token string, res []byte) (claim, complete []any)
 }
 
 // HasFollower reports whether a call waits for the in-process flight of
-// key (the flight's done channel is made when its first follower comes).
+// key (the flight's ready channel is made when its first follower comes).
 func HasFollower(c *Client, key string) bool {
 	c.flights.mu.Lock()
 	defer c.flights.mu.Unlock()
 	fl := c.flights.m[key]
-	return fl != nil && fl.done != nil
+	return fl != nil && fl.ready != nil
 }
 
 // Queued is the number of script runs waiting for a pipeline in c's

@@ -22,43 +22,18 @@ import (
 
 // Fingerprint returns a stable digest of an operation's parameters, to pass
 // to Do: calls with equal parts get equal fingerprints, in any process and
-// run, and parts that differ in any of the ways below get different ones.
-// Only the digest is ever stored, never the raw values.
+// run, and parts that differ get different ones. Only the digest is ever
+// stored, never the raw values.
 //
-// Each part is hashed as a tagged, length-delimited encoding of:
+// Values are hashed by what they hold: a time.Time by its instant; a type
+// with a binary or text marshaler by its type's name and marshaled bytes
+// (big.Int, netip.Addr, decimal types); integers by value whatever their
+// size; structs by every field, exported or not; sync types, funcs and
+// channels by their type's name only; cyclic values by reference. The
+// package documentation has the rules (Fingerprints).
 //
-//   - time.Time: its instant (Unix seconds and nanoseconds), not its
-//     location or monotonic reading.
-//   - A value whose type, or a pointer to it, implements
-//     encoding.BinaryMarshaler: its type's name and MarshalBinary's bytes;
-//     else, if it implements encoding.TextMarshaler: its type's name and
-//     MarshalText's bytes. So big.Int, big.Float, big.Rat, netip.Addr,
-//     url.URL and decimal types are hashed by their value, not their
-//     internal representation. A marshaler that fails or panics is
-//     skipped for the structure below, with a tag of its own.
-//   - Booleans; integers by value, signed and unsigned apart but whatever
-//     their size (int8(1) and int64(1) are equal); floats and complex
-//     numbers by the IEEE 754 bits of their float64 form (0 and -0
-//     differ); strings and byte slices or arrays by their bytes, apart.
-//   - Slices and arrays element by element (a nil slice equals an empty
-//     one); maps entry by entry, in the order of their keys' encodings (a
-//     nil map equals an empty one).
-//   - Structs: the type's name, then every field, exported or not, by name
-//     and value in declaration order. Structs of the packages sync and
-//     sync/atomic (mutexes, Once, counters) are hashed by their type's name
-//     only: their state is not a parameter.
-//   - Pointers and interfaces by what they point to; nil has a tag of its
-//     own.
-//   - A pointer, map or slice met again inside itself (a cyclic value) by a
-//     reference to the enclosing one it repeats (how many such levels up),
-//     so a cyclic value has a fingerprint like any other.
-//   - Funcs, channels and unsafe pointers by their type's name only.
-//
-// Fingerprints are part of the stored records: a change of the
-// fingerprint of any value is a breaking change, as a retry after the
-// upgrade would get ErrConflict. Values of types without marshalers and
-// with exported fields only have the fingerprints they had before
-// Fingerprint read unexported fields and marshalers.
+// A change of the fingerprint of any value is a breaking change: a retry
+// after the upgrade would get ErrConflict.
 func Fingerprint(parts ...any) string {
 	var b bytes.Buffer
 	e := fpEncoder{b: &b, top: true}
@@ -417,7 +392,7 @@ func writeBytes(b *bytes.Buffer, p []byte) {
 // compares numbers exactly.
 //
 // The fingerprint of a JSON text is stable across releases: a change to it
-// is a breaking change (golden values pin it in the tests).
+// is a breaking change.
 func FingerprintJSON(body []byte) (string, error) {
 	c, err := jcs.Canonical(body)
 	if err != nil {

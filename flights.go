@@ -45,17 +45,17 @@ func (f *flights) do(ctx context.Context, cl *call) ([]byte, error) {
 			return res, err
 		}
 		if ok {
-			if lead.done == nil {
-				lead.done = make(chan struct{})
+			if lead.ready == nil {
+				lead.ready = make(chan struct{})
 			}
-			done := lead.done
+			ready := lead.ready
 			f.mu.Unlock()
 			cl.observeFollow()
 			if timer == nil {
 				timer = time.NewTimer(time.Until(cl.until))
 			}
 			select {
-			case <-done:
+			case <-ready:
 				if lead.retry {
 					continue
 				}
@@ -84,10 +84,10 @@ func (f *flights) lead(ctx context.Context, cl *call) ([]byte, error) {
 	defer func() {
 		f.mu.Lock()
 		delete(f.m, cl.key)
-		done := cl.done
+		ready := cl.ready
 		f.mu.Unlock()
-		if done != nil {
-			close(done)
+		if ready != nil {
+			close(ready)
 		}
 	}()
 	res, retry, err := cl.claim(ctx)

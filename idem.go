@@ -29,7 +29,7 @@ type Client struct {
 	cfg config
 
 	// Script arguments that never change, boxed once: "PUBLISH" or
-	// "SPUBLISH" ("" in tests that lose notifications), and the lease and
+	// "SPUBLISH" (or "", which publishes nothing), and the lease and
 	// retention in milliseconds.
 	publish, leaseMs, retentionMs any
 	// ages is claim.lua's ARGV[3]: "1" to have replays' ages, for the
@@ -46,7 +46,7 @@ type Client struct {
 	bounds   bounds // of recording an outcome, and of releasing a claim
 	renewals renewals
 
-	firstPoll time.Duration // a waiter's first pause; tests raise it to rely on pub/sub alone
+	firstPoll time.Duration // a waiter's first pause (defaultFirstPoll)
 	// margin is taken off the owner's lease deadline, for the drift of the
 	// client's clock against the server's, and for timers that fire late.
 	margin time.Duration
@@ -205,9 +205,9 @@ type call struct {
 	n       int64    // the attempt claimed
 	claimed []byte   // the record of that claim, which complete finds unchanged
 
-	// As a flight: done is closed once res, err and retry are set; it is
+	// As a flight: ready is closed once res, err and retry are set; it is
 	// made, under flights.mu, when the first follower comes.
-	done  chan struct{}
+	ready chan struct{}
 	res   []byte
 	err   error
 	retry bool // the outcome is not the followers' to share: they try themselves
@@ -245,7 +245,7 @@ func (cl *call) detached(ctx context.Context, max time.Duration) ([]byte, error)
 	var (
 		mu   sync.Mutex // orders the caller's leaving and the outcome's sending
 		gone bool       // the caller stopped waiting; guarded by mu
-		done = make(chan outcome, 1)
+		out  = make(chan outcome, 1)
 	)
 	send := func(o outcome) {
 		mu.Lock()
@@ -254,7 +254,7 @@ func (cl *call) detached(ctx context.Context, max time.Duration) ([]byte, error)
 			c.cfg.logger.LogAttrs(context.WithoutCancel(ctx), slog.LevelError, "idem: a detached fn panicked after its caller had gone; its claim was released",
 				append(c.LogAttrs(cl.key, nil), slog.Any("panic", o.value))...)
 		}
-		done <- o
+		out <- o
 	}
 	c.bg.Add()
 	go func() {
@@ -275,12 +275,12 @@ func (cl *call) detached(ctx context.Context, max time.Duration) ([]byte, error)
 	}()
 	var o outcome
 	select {
-	case o = <-done:
+	case o = <-out:
 	case <-ctx.Done():
 		mu.Lock()
 		gone = true
 		select {
-		case o = <-done: // it ended as the caller left: the caller gets it
+		case o = <-out: // it ended as the caller left: the caller gets it
 			mu.Unlock()
 		default:
 			mu.Unlock()

@@ -31,7 +31,7 @@ type config struct {
 	observers     []Observer
 	eventSecret   []byte // of Event.Key; nil: processSecret
 	rawEventKeys  bool
-	policyEvery   time.Duration // between checks of maxmemory-policy; 0: policyCheckEvery (tests shorten it)
+	policyEvery   time.Duration // between checks of maxmemory-policy; 0: policyCheckEvery
 	tombstones    time.Duration // kept past the retention; 0 = none
 	ledger        Ledger        // nil: none
 	ledgerLookups bool          // look up before every fn, not only takeovers

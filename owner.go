@@ -321,20 +321,20 @@ func (cl *call) giveBack(ctx context.Context, cause error) {
 		}
 		return
 	}
-	done := make(chan struct{})
+	released := make(chan struct{})
 	sent := pipeline.InFlight(cause)
 	c.bg.Add()
 	go func() {
 		defer c.bg.Done()
 		defer c.releasing.Add(-1)
-		defer close(done)
+		defer close(released)
 		if sent != nil {
 			<-sent
 		}
 		cl.release(ctx, unknown)
 	}()
 	select {
-	case <-done:
+	case <-released:
 	case <-ctx.Done():
 	}
 }

@@ -1,21 +1,17 @@
 package idem_test
 
-// Attacks on the batcher (batch.go): each test tries to break one of the
+// Attacks on the batcher (internal/pipeline): each test tries to break one of the
 // promises (one live owner per key; fn at most once per attempt, its
 // outcome to every caller of its key and only of it; a conflict for
 // another fingerprint; a caller's context bounds its wait; nothing leaks;
 // Close waits for the background work) where concurrent calls share
 // pipelines.
 //
-// Three failed when they were written, each for a fault of batch.go, now
-// mended: TestAttackGiveBackOvertakesPipelinedClaim and
-// TestAttackPipelineRetryReclaimsAfterGiveBack (a caller that left a sent
-// call gave its claim back before the sender had written the claim, or
-// before go-redis had sent the pipeline again: the key stayed claimed by
-// nobody for a lease; the release now waits for the pipeline, see
-// inFlightError), and TestAttackClusterClientHooksSeeTheScripts (on a
-// cluster the scripts bypassed the ClusterClient's hooks; they now go
-// through it).
+// TestAttackGiveBackOvertakesPipelinedClaim and
+// TestAttackPipelineRetryReclaimsAfterGiveBack: a caller that left a sent
+// call must not give its claim back before the pipeline is over (see
+// pipeline.InFlight). TestAttackClusterClientHooksSeeTheScripts: on a
+// cluster the scripts go through the ClusterClient's hooks.
 
 import (
 	"bytes"

@@ -1,6 +1,6 @@
 package idem_test
 
-// The batcher (batch.go): concurrent calls' scripts share pipelines, and
+// The batcher (internal/pipeline): concurrent calls' scripts share pipelines, and
 // each call still behaves as it would alone: its own reply, its own
 // errors, its own context. The tests make a crowd deterministic with
 // WithPipelines(1) and a first call whose claim reply is held: while it

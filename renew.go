@@ -35,7 +35,7 @@ type renewal struct {
 	prev, next *renewal
 	due        time.Time
 	state      renewalState
-	done       chan struct{} // made when the renewer starts; closed by stop
+	quit       chan struct{} // made when the renewer starts; closed by stop
 	finished   chan struct{} // made when the renewer starts; closed when it ends
 
 	ctx *attemptCtx // fn's: its deadline is the owner's lease deadline; its call, the owner
@@ -92,7 +92,7 @@ func (q *renewals) stop(r *renewal) {
 	}
 	q.mu.Unlock()
 	if state == renewalRunning {
-		close(r.done)
+		close(r.quit)
 		<-r.finished
 	}
 }
@@ -119,7 +119,7 @@ func (q *renewals) fire() {
 	for r := q.head; r != nil && !r.due.After(now); r = q.head {
 		q.unlink(r)
 		r.state = renewalRunning
-		r.done = make(chan struct{})
+		r.quit = make(chan struct{})
 		r.finished = make(chan struct{})
 		go q.c.renewLoop(r)
 	}
@@ -161,7 +161,7 @@ func (c *Client) renewLoop(r *renewal) {
 	pending := 0
 	for {
 		select {
-		case <-r.done:
+		case <-r.quit:
 			return
 		case <-deadline.C:
 			if left := r.ctx.deadline.Load() - mono(); left > 0 {

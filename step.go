@@ -24,33 +24,17 @@ import (
 // whose fn ctx belongs to, and checkpoints its outcome beside the key's
 // record before it returns: a later attempt (after a crash, a lost lease
 // or a transient error) gets the checkpoint and does not run fn again.
-// A result is stored as Do[T] stores one (T is checked before fn runs); an
-// error marked Permanent is stored and replayed as a *StoredError; any
-// other error is returned as it is, not checkpointed, and the step runs
-// again in the next attempt.
+// A result is stored as Do[T] stores one; an error marked Permanent is
+// stored and replayed as a *StoredError; any other error is returned as
+// it is, and the step runs again in the next attempt.
 //
-// The ledger commit (Commit, CommitError) ends the operation: no attempt
-// runs fn again. A step called after it does not run, and one that fails
-// after it did not finish: Step returns an error wrapping
-// ErrStepAfterCommit, and the owner's Do returns the committed outcome
-// with that error (see docs/steps.md).
-//
-// A checkpoint is written only while the caller's attempt owns the key
-// (compare-and-set on its owner token): a stale owner gets fn's value and
-// an error wrapping ErrLeaseLost. When the checkpoint cannot be stored,
-// Step returns fn's value and an error wrapping ErrNotRecorded, and the
-// next attempt runs the step again; that window, between a step's effect
-// and its checkpoint, is covered only by the downstream system's own
-// idempotency: pass it StepKey(ctx, name).
-//
-// A step name is 1 to 256 bytes, used once per attempt. An empty or long
-// name, a name used twice, a Step called with the context of another
-// step's fn (steps do not nest), outside a Do call's fn or after it
-// returned get an error naming the step, and fn does not run. Steps of
-// one attempt may run concurrently under different names. A result over
-// WithMaxResultSize, or one that would take the operation's checkpoints
-// past 4 × WithMaxResultSize in all, is checkpointed as a permanent
-// failure wrapping ErrTooLarge.
+// When the checkpoint is not stored, Step returns fn's value and an error
+// wrapping ErrLeaseLost (another attempt owns the key) or ErrNotRecorded
+// (the next attempt runs the step again: pass the downstream system
+// StepKey(ctx, name)). After the ledger commit a step does not run, or
+// does not finish: ErrStepAfterCommit. A name is 1 to 256 bytes, used
+// once per attempt; steps do not nest, and may run concurrently. See
+// docs/steps.md.
 func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
 	s, err := stepsFor(ctx, name)
@@ -187,11 +171,11 @@ const (
 // steps is the state of one attempt's steps, part of its fn's context
 // (attemptCtx), which own sets up.
 type steps struct {
-	c      *Client
-	key    string // the operation's
-	record string // the record's Redis key
-	token  string // the attempt owner's
-	n      int64  // the attempt number
+	c         *Client
+	key       string // the operation's
+	recordKey string // the record's Redis key
+	token     string // the attempt owner's
+	n         int64  // the attempt number
 
 	p *pending // the call's hold for Commit; nil without a ledger
 
@@ -202,8 +186,8 @@ type steps struct {
 	after error               // guarded by mu; the steps refused or failed after the commit
 }
 
-func (s *steps) init(c *Client, key, record, token string, n int64, p *pending) {
-	s.c, s.key, s.record, s.token, s.n, s.p = c, key, record, token, n, p
+func (s *steps) init(c *Client, key, recordKey, token string, n int64, p *pending) {
+	s.c, s.key, s.recordKey, s.token, s.n, s.p = c, key, recordKey, token, n, p
 }
 
 // committed reports whether a ledger commit decided the operation's
@@ -269,7 +253,7 @@ func (s *steps) reserve(name string) error {
 	}
 	if s.names == nil {
 		s.names = make(map[string]struct{})
-		s.keys = []string{s.record, s.record + stepsSuffix}
+		s.keys = []string{s.recordKey, s.recordKey + stepsSuffix}
 	}
 	s.names[name] = struct{}{}
 	return nil

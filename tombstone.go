@@ -60,11 +60,12 @@ func tombstoneWindow(span time.Duration) time.Duration {
 	return max(span/4, time.Second)
 }
 
-// tombstoneField returns the tombstone of key: the first 8 bytes of its
-// SHA-256, which stand for the key in its bucket. Two keys of one slot
-// share a field with the probability of a 64-bit collision.
-func tombstoneField(key string) string {
-	sum := sha256.Sum256([]byte(key))
+// tombstoneField returns the tombstone of the record at recordKey (its
+// Redis key): the first 8 bytes of its SHA-256, which stand for the record
+// in its bucket. Two records of one slot share a field with the
+// probability of a 64-bit collision.
+func tombstoneField(recordKey string) string {
+	sum := sha256.Sum256([]byte(recordKey))
 	return string(sum[:8])
 }
 

@@ -67,22 +67,22 @@ type Consumer struct {
 }
 
 // New returns a Consumer named consumer in the consumer group of stream,
-// which reads with rdb and runs handlers through keys. Give each consumer
+// which reads with rdb and runs handlers through client. Give each consumer
 // of a group a name of its own that stays the same across restarts: a
 // restarted consumer resumes the entries it held at once, while entries
 // of a name that never comes back wait WithClaimIdle for another consumer.
 // Empty names or nil clients make Run return an error; New panics if an
 // option is invalid, as that is a programming error.
-func New(keys *idem.Client, rdb redis.UniversalClient, stream, group, consumer string, opts ...Option) *Consumer {
-	cfg := defaultConfig(keys)
+func New(client *idem.Client, rdb redis.UniversalClient, stream, group, consumer string, opts ...Option) *Consumer {
+	cfg := defaultConfig(client)
 	for _, o := range opts {
 		o(&cfg)
 	}
 	if len(cfg.problems) > 0 {
 		panic("idemstream: invalid options: " + strings.Join(cfg.problems, "; "))
 	}
-	c := &Consumer{keys: keys, rdb: rdb, stream: stream, group: group, name: consumer, cfg: cfg}
-	if keys == nil {
+	c := &Consumer{keys: client, rdb: rdb, stream: stream, group: group, name: consumer, cfg: cfg}
+	if client == nil {
 		c.problems = append(c.problems, "no idem.Client")
 	}
 	if rdb == nil {

@@ -4,8 +4,8 @@
 // sent it twice), and an entry is acknowledged only once its outcome is
 // stored.
 //
-//	keys := idem.New(rdb)
-//	c := idemstream.New(keys, rdb, "payments", "ledger", hostname,
+//	client := idem.New(rdb)
+//	c := idemstream.New(client, rdb, "payments", "ledger", hostname,
 //		idemstream.WithKey(func(m redis.XMessage) string { s, _ := m.Values["event_id"].(string); return s }),
 //		idemstream.WithWorkers(8))
 //	err := c.Run(ctx, func(ctx context.Context, m redis.XMessage) error {

@@ -196,17 +196,17 @@ func WithBlock(d time.Duration) Option {
 }
 
 // WithBackoff sets the pauses before an entry is tried again after a
-// transient failure: min after the first, doubling up to max, each
+// transient failure: first after the first failure, doubling up to max, each
 // shortened by up to half at random. The same pauses space the retries
-// of reads that failed. It needs 0 < min <= max.
+// of reads that failed. It needs 0 < first <= max.
 // The default is 1 second to 1 minute.
-func WithBackoff(min, max time.Duration) Option {
+func WithBackoff(first, max time.Duration) Option {
 	return func(c *config) {
-		if min <= 0 || max < min {
-			c.problem("WithBackoff(%v, %v): needs 0 < min <= max", min, max)
+		if first <= 0 || max < first {
+			c.problem("WithBackoff(%v, %v): needs 0 < first <= max", first, max)
 			return
 		}
-		c.backoffMin, c.backoffMax = min, max
+		c.backoffMin, c.backoffMax = first, max
 	}
 }
 

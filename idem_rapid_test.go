@@ -87,7 +87,7 @@ var rapidOutcomes = []string{"ok", "slow", "transient", "permanent", "panic"}
 //
 //   - never two live owners: when an fn starts with a live context, every
 //     other fn of its key that is still running has a context that is
-//     already done (owners, from lease_test.go, checked at every start);
+//     already done (owners, from owner_lease_test.go, checked at every start);
 //   - no execution of fn for a key started after a final outcome was
 //     returned for it (one result; no double execution);
 //   - every final outcome returned for a key is the same (the same bytes,

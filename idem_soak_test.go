@@ -3,7 +3,7 @@ package idem_test
 // The soak test: many concurrent Do calls from three service instances on
 // a real redis-server, with faults at random times, checked against the
 // ledger invariant and the promise of one live owner (owners, from
-// lease_test.go: when an fn starts, every other running fn of its key has
+// owner_lease_test.go: when an fn starts, every other running fn of its key has
 // a context already done). The faults: kill -9 and restart, SIGSTOP,
 // SCRIPT FLUSH, pub/sub connections killed, and, on the wire (faultconn,
 // between each instance and the server), a claim's or a renewal's reply

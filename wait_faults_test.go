@@ -3,8 +3,8 @@ package idem_test
 // Faults of the claim, each on a real redis-server: its reply lost, its
 // outcome unknown, the server out of memory or busy (rows 3, 4, 20, 24 of
 // docs/faults.md, which maps every row to its tests). The other families:
-// outcome_faults_test.go (after fn ran), server_faults_test.go (restarts,
-// script flushes), lease_test.go (slow replies and leases), wait_test.go
+// owner_faults_test.go (after fn ran), lua_faults_test.go (restarts,
+// script flushes), owner_lease_test.go (slow replies and leases), wait_test.go
 // (waiters), owner_process_test.go (owners in a child process, rows 6 and 7).
 //
 // The shared invariant, checked in every test: fn runs at most once per key

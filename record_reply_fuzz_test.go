@@ -3,7 +3,7 @@ package idem
 // Fuzz targets for what Do reads from Redis: the claim script's replies
 // (its arrays, and the finished records it returns whole) here; the status
 // script's reply and a record as stored in record_fuzz_test.go; the
-// mapping of keys to Redis keys in key_fuzz_test.go. The seeds (f.Add)
+// mapping of keys to Redis keys in idem_fuzz_test.go. The seeds (f.Add)
 // run in every go test; fuzz with
 //
 //	go test -run='^$' -fuzz=FuzzClaimReply -fuzztime=60s .

@@ -127,10 +127,12 @@
 // characters (0x21 to 0x7E). The key is namespaced by the principal that
 // WithScope returns, so one user's key can never replay another user's
 // response: the key given to idem.Client.Do (and seen in idem.Attempt.Key)
-// is the scope's length in decimal, ':', the scope and the key, as in
-// httpidem, so no two (scope, key) pairs share one. The Client's
-// idem.WithMaxKeyLen must leave room for the scope and its length; a key
-// that does not fit gets InvalidArgument. Logs carry the Client's keyed
+// is door.Key(scope, key), the scope's length in decimal, ':', the scope
+// and the key, as in every door, so no two (scope, key) pairs share one,
+// and a key without a scope names the record that httpidem and
+// idemstream name with it. WithMaxKeyLen is fitted to the Client's
+// idem.WithMaxKeyLen (door.FitKeyLen); a key with a scope that does not
+// fit gets InvalidArgument. Logs carry the Client's keyed
 // digest of the key (idem.Client.LogAttrs), never the key unless the Client
 // was made with idem.WithRawEventKeys(true).
 //

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idem-go/idem/door"
 	"google.golang.org/grpc/codes"
 )
 
@@ -136,8 +137,10 @@ func WithDefiniteCodes(definite ...codes.Code) Option {
 }
 
 // WithMaxKeyLen sets the longest key, in bytes; a longer one gets
-// InvalidArgument (ReasonKeyInvalid). It must be between 1 and 65536.
-// The default is 255.
+// InvalidArgument (ReasonKeyInvalid). It must be between 1 and 65536, and
+// fit the Client's idem.WithMaxKeyLen after the scope's length prefix
+// (door.FitKeyLen): UnaryServerInterceptor panics otherwise.
+// The default is 255, or what the Client's limit leaves, if less.
 func WithMaxKeyLen(n int) Option {
 	return func(c *config) {
 		if n < 1 || n > 1<<16 {
@@ -169,12 +172,13 @@ func WithHandlerTimeout(d time.Duration) Option {
 // Redis unavailable) ask the client to wait before it retries, in their
 // RetryInfo detail and their grpc-retry-pushback-ms trailer: a guess at
 // when a retry may find the first call finished, not its lease's end. It
-// must be at least a millisecond.
+// must be a positive whole number of seconds, as in every door
+// (door.CheckRetryAfter).
 // The default is 1 second.
 func WithRetryAfter(d time.Duration) Option {
 	return func(c *config) {
-		if d < time.Millisecond {
-			c.problem("WithRetryAfter(%v): must be at least 1ms", d)
+		if err := door.CheckRetryAfter(d); err != nil {
+			c.problem("%v", err)
 			return
 		}
 		c.retryAfter = d

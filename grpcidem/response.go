@@ -2,13 +2,12 @@ package grpcidem
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/door"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
@@ -166,119 +165,36 @@ func encodeResponse(resp any, c *capture) ([]byte, error) {
 
 // encode returns the stored form of r.
 func (r response) encode() []byte {
-	b := make([]byte, 0, 2+binary.MaxVarintLen64+len(r.typeName)+mdSize(r.header)+mdSize(r.trailer)+len(r.body))
-	b = append(b, formatMagic, formatVersion)
-	b = appendString(b, string(r.typeName))
-	b = appendMD(b, r.header)
-	b = appendMD(b, r.trailer)
+	b := make([]byte, 0, 2+door.UvarintLen(uint64(len(r.typeName)))+len(r.typeName)+
+		door.PairsSize(r.header)+door.PairsSize(r.trailer)+len(r.body))
+	b = door.AppendFrame(b, formatMagic, formatVersion)
+	b = door.AppendString(b, string(r.typeName))
+	b = door.AppendPairs(b, r.header)
+	b = door.AppendPairs(b, r.trailer)
 	return append(b, r.body...)
-}
-
-func appendString(b []byte, s string) []byte {
-	b = binary.AppendUvarint(b, uint64(len(s)))
-	return append(b, s...)
-}
-
-func appendMD(b []byte, md metadata.MD) []byte {
-	n := 0
-	for _, vs := range md {
-		n += len(vs)
-	}
-	b = binary.AppendUvarint(b, uint64(n))
-	keys := make([]string, 0, len(md))
-	for k := range md {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		for _, v := range md[k] {
-			b = appendString(b, k)
-			b = appendString(b, v)
-		}
-	}
-	return b
-}
-
-// mdSize is about the size of md's stored form.
-func mdSize(md metadata.MD) int {
-	size := binary.MaxVarintLen64
-	for k, vs := range md {
-		for _, v := range vs {
-			size += 2*binary.MaxVarintLen64 + len(k) + len(v)
-		}
-	}
-	return size
 }
 
 // decodeResponse reads the stored form of a response. The body it returns
 // shares b's memory.
 func decodeResponse(b []byte) (response, error) {
-	bad := func(why string) (response, error) {
-		return response{}, fmt.Errorf("%w: stored response: %s", idem.ErrCorrupt, why)
+	d, err := door.ReadFrame(b, formatMagic, formatVersion)
+	if err != nil {
+		return response{}, err
 	}
-	if len(b) < 2 || b[0] != formatMagic {
-		return bad("not a stored response")
-	}
-	if b[1] != formatVersion {
-		return bad(fmt.Sprintf("unknown format version %d", b[1]))
-	}
-	d := decoder{b: b[2:]}
 	var r response
-	name, ok := d.string()
+	name, ok := d.String()
 	if !ok || !protoreflect.FullName(name).IsValid() {
-		return bad("bad type name")
+		return response{}, door.Corrupt("bad type name")
 	}
 	r.typeName = protoreflect.FullName(name)
-	if r.header, ok = d.md(); !ok {
-		return bad("bad header")
+	if r.header, ok = d.Pairs(); !ok {
+		return response{}, door.Corrupt("bad header")
 	}
-	if r.trailer, ok = d.md(); !ok {
-		return bad("bad trailer")
+	if r.trailer, ok = d.Pairs(); !ok {
+		return response{}, door.Corrupt("bad trailer")
 	}
-	r.body = d.b
+	r.body = d.Rest()
 	return r, nil
-}
-
-type decoder struct{ b []byte }
-
-func (d *decoder) uvarint() (uint64, bool) {
-	x, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		return 0, false
-	}
-	d.b = d.b[n:]
-	return x, true
-}
-
-func (d *decoder) string() (string, bool) {
-	n, ok := d.uvarint()
-	if !ok || n > uint64(len(d.b)) {
-		return "", false
-	}
-	s := string(d.b[:n])
-	d.b = d.b[n:]
-	return s, true
-}
-
-func (d *decoder) md() (metadata.MD, bool) {
-	n, ok := d.uvarint()
-	// Each pair takes at least two bytes: a bound before allocating.
-	if !ok || n > uint64(len(d.b))/2 {
-		return nil, false
-	}
-	if n == 0 {
-		return nil, true
-	}
-	md := make(metadata.MD)
-	for range n {
-		k, ok1 := d.string()
-		v, ok2 := d.string()
-		if !ok1 || !ok2 || k == "" {
-			return nil, false
-		}
-		md[k] = append(md[k], v)
-	}
-	return md, true
 }
 
 // errUnknownType means the stored response's type is not registered.

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/door"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -38,10 +38,9 @@ func UnaryServerInterceptor(c *idem.Client, opts ...Option) grpc.UnaryServerInte
 	cfg := config{
 		header:         HeaderIdempotencyKey,
 		fingerprint:    DefaultFingerprint,
-		maxKeyLen:      255,
 		retryAfter:     time.Second,
 		handlerTimeout: time.Minute,
-		logger:         slog.New(defaultHandler{}),
+		logger:         door.Logger(),
 	}
 	for _, code := range defaultDefinite {
 		cfg.definite[code] = true
@@ -51,6 +50,14 @@ func UnaryServerInterceptor(c *idem.Client, opts ...Option) grpc.UnaryServerInte
 	}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if c != nil {
+		// The key limit fitted to the Client's (door.FitKeyLen), as in
+		// every door: a key the interceptor accepts is one the Client takes.
+		var err error
+		if cfg.maxKeyLen, err = door.FitKeyLen(c, cfg.maxKeyLen, ""); err != nil {
+			cfg.problem("%v", err)
+		}
 	}
 	if len(cfg.problems) > 0 {
 		panic(fmt.Sprintf("grpcidem: invalid options: %s", strings.Join(cfg.problems, "; ")))
@@ -215,58 +222,27 @@ func (cl *call) answerCommitted(res []byte) (any, error) {
 	return cl.answerOwner(nil)
 }
 
-// answerError answers a call whose handler did not run here: a look-up
-// of the error's idem.Verdict.
+// answerError answers a call whose handler did not run here: a stored
+// failure is replayed; otherwise the door.Answer of the error, mapped to
+// a code and the ErrorInfo reason.
 func (cl *call) answerError(err error) error {
 	s := cl.s
-	switch idem.VerdictOf(err) {
-	case idem.VerdictFailure:
-		var stored *idem.StoredError
-		if errors.As(err, &stored) {
-			return cl.replayFailure(stored)
-		}
-		return errNotStoredStatus(s)
-	case idem.VerdictConflict:
-		return s.fail(codes.FailedPrecondition, ReasonKeyReused,
-			"this "+s.cfg.header+" was used before with another request")
-	case idem.VerdictLateRetry:
-		return s.fail(codes.FailedPrecondition, ReasonLateRetry,
-			"this "+s.cfg.header+" was used, and its outcome is no longer kept; use a new key for a new operation")
-	case idem.VerdictInProgress:
-		return s.retryable(cl.ctx, ReasonInProgress,
-			"a call with this "+s.cfg.header+" is still being processed; retry later")
-	case idem.VerdictParked:
-		return s.fail(codes.FailedPrecondition, ReasonParked,
-			"the operation of this "+s.cfg.header+" is parked; it runs again only when an operator retries it")
-	case idem.VerdictUnknownOutcome:
-		return s.fail(codes.FailedPrecondition, ReasonOutcomeUnknown,
-			"the outcome of this "+s.cfg.header+"'s operation is unknown and under reconciliation by an operator")
-	case idem.VerdictInvalidKey:
-		return s.fail(codes.InvalidArgument, ReasonKeyInvalid,
-			"the "+s.cfg.header+" metadata is too long for this service")
-	case idem.VerdictTooLarge:
-		return errNotStoredStatus(s)
-	case idem.VerdictUnusable, idem.VerdictUndecodable, idem.VerdictOutcome:
-		cl.log(slog.LevelError, "grpcidem: cannot answer from the stored record", err)
-		return s.fail(codes.Internal, ReasonRecordUnusable, "the record of this key cannot be used")
-	case idem.VerdictUnavailable:
-		if errors.Is(err, idem.ErrClosed) {
-			return s.retryable(cl.ctx, ReasonUnavailable, "the service is shutting down")
-		}
-		cl.log(slog.LevelError, "grpcidem: cannot reach the idempotency store", err)
-		return s.retryable(cl.ctx, ReasonUnavailable,
-			"the idempotency store is unavailable; the call was not processed")
+	var stored *idem.StoredError
+	if idem.VerdictOf(err) == idem.VerdictFailure && errors.As(err, &stored) {
+		return cl.replayFailure(stored)
 	}
-	// Context, not recorded, transient (the record expired while this call
-	// waited, or another error): nothing ran here, and a retry finds out.
-	if cl.ctx.Err() != nil {
+	a := door.AnswerOf(err, s.cfg.header)
+	if a.Reason == door.Unavailable && cl.ctx.Err() != nil {
 		// The caller went away or its deadline passed.
 		return status.FromContextError(cl.ctx.Err()).Err()
 	}
-	if !errors.Is(err, idem.ErrExpired) {
-		cl.log(slog.LevelError, "grpcidem: cannot answer; a retry may", err)
+	if a.Log != "" {
+		cl.log(slog.LevelError, "grpcidem: "+a.Log, err)
 	}
-	return s.retryable(cl.ctx, ReasonUnavailable, "the call was not processed; retry later")
+	if a.Reason.Retryable() {
+		return s.retryable(cl.ctx, string(a.Reason), a.Detail)
+	}
+	return s.fail(codeOf(a.Reason), string(a.Reason), a.Detail)
 }
 
 // replay returns the stored response res.
@@ -348,32 +324,12 @@ var codeByName = func() map[string]codes.Code {
 	return m
 }()
 
-// scopedKey returns the key that idem stores: the scope's length, ':', the
-// scope and the key. The length says where the scope ends, so no two
-// (scope, key) pairs give one key.
-func scopedKey(scope, key string) string {
-	return strconv.Itoa(len(scope)) + ":" + scope + key
-}
+// scopedKey returns the key that idem stores: door.Key's scheme, shared
+// by every door.
+func scopedKey(scope, key string) string { return door.Key(scope, key) }
 
 // parseKey checks the key metadata's values and returns the key.
-func parseKey(values []string, maxLen int) (string, error) {
-	if len(values) > 1 {
-		return "", errors.New("is sent more than once")
-	}
-	v := values[0]
-	switch {
-	case v == "":
-		return "", errors.New("is empty")
-	case len(v) > maxLen:
-		return "", fmt.Errorf("is longer than %d bytes", maxLen)
-	}
-	for i := 0; i < len(v); i++ {
-		if v[i] < 0x21 || v[i] > 0x7E {
-			return "", errors.New("has a character that is not visible ASCII")
-		}
-	}
-	return v, nil
-}
+func parseKey(values []string, maxLen int) (string, error) { return door.CheckKey(values, maxLen) }
 
 // metadataName checks a metadata key for the key and returns it lowered.
 func metadataName(name string) (string, error) {

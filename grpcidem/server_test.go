@@ -363,18 +363,18 @@ func TestInProgress(t *testing.T) {
 		// first call's flight in its process).
 		addr1 := serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t)))
 		addr2 := serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithWait(50*time.Millisecond)),
-			grpcidem.WithRetryAfter(1500*time.Millisecond)))
+			grpcidem.WithRetryAfter(2*time.Second)))
 		first := make(chan answer, 1)
 		go func() { first <- invoke(dial(t, addr1), methodDebit, "busy", 1) }()
 		recv(t, started)
 		cc := dial(t, addr2)
 		a := invoke(cc, methodDebit, "busy", 1)
 		wantStatus(t, a, codes.Unavailable, grpcidem.ReasonInProgress)
-		if got := retryDelay(a.err); got != 1500*time.Millisecond {
-			t.Errorf("RetryInfo delay %v, want 1.5s", got)
+		if got := retryDelay(a.err); got != 2*time.Second {
+			t.Errorf("RetryInfo delay %v, want 2s", got)
 		}
-		if got := a.trailer.Get("grpc-retry-pushback-ms"); len(got) != 1 || got[0] != "1500" {
-			t.Errorf("pushback trailer %q, want 1500", got)
+		if got := a.trailer.Get("grpc-retry-pushback-ms"); len(got) != 1 || got[0] != "2000" {
+			t.Errorf("pushback trailer %q, want 2000", got)
 		}
 		close(release)
 		f := recv(t, first)
@@ -995,6 +995,7 @@ func TestOptionsPanic(t *testing.T) {
 		"definite OK":      grpcidem.WithDefiniteCodes(codes.OK),
 		"max key 0":        grpcidem.WithMaxKeyLen(0),
 		"retry after 0":    grpcidem.WithRetryAfter(0),
+		"retry after 1.5s": grpcidem.WithRetryAfter(1500 * time.Millisecond),
 	} {
 		mustPanic(name, func() { grpcidem.UnaryServerInterceptor(keys, opt) })
 	}
@@ -1064,4 +1065,23 @@ func TestLateRetry(t *testing.T) {
 			t.Errorf("handler ran %d times, want 1", got)
 		}
 	})
+}
+
+// TestKeyLimitFitsTheClients: the interceptor fits its key limit to the
+// Client's idem.WithMaxKeyLen (door.FitKeyLen), as httpidem does: a
+// WithMaxKeyLen the Client cannot hold with the scope's length prefix
+// panics at construction instead of refusing keys near it call by call.
+func TestKeyLimitFitsTheClients(t *testing.T) {
+	keys := idem.New(nil, idem.WithMaxKeyLen(40))
+	defer keys.Close()
+	func() {
+		defer func() {
+			if p := recover(); p == nil || !strings.Contains(fmt.Sprint(p), "WithMaxKeyLen(40)") {
+				t.Errorf("WithMaxKeyLen(39) with a Client of 40: panic %v, want one naming the Client's limit", p)
+			}
+		}()
+		grpcidem.UnaryServerInterceptor(keys, grpcidem.WithMaxKeyLen(39))
+	}()
+	grpcidem.UnaryServerInterceptor(keys, grpcidem.WithMaxKeyLen(38)) // "0:" and 38 bytes fit
+	grpcidem.UnaryServerInterceptor(keys)                             // the default, fitted
 }

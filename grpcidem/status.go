@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 
+	"github.com/idem-go/idem/door"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -21,47 +22,69 @@ import (
 const Domain = "github.com/idem-go/idem/grpcidem"
 
 // Reasons, in the ErrorInfo detail of the statuses the server interceptor
-// makes itself (see the package documentation's table).
+// makes itself (see the package documentation's table): the values of
+// door's Reasons, which every door shares.
 const (
 	// ReasonKeyReused: the key was used before with another request.
-	ReasonKeyReused = "KEY_REUSED"
+	ReasonKeyReused = string(door.KeyReused)
 	// ReasonLateRetry: the key was used, and its outcome is no longer
 	// kept (its retention ended; see idem.WithTombstones).
-	ReasonLateRetry = "LATE_RETRY"
+	ReasonLateRetry = string(door.LateRetry)
 	// ReasonInProgress: a call with the key is still running; retry later.
-	ReasonInProgress = "IN_PROGRESS"
+	ReasonInProgress = string(door.InProgress)
 	// ReasonKeyInvalid: the key is empty, too long, not visible ASCII, or
 	// sent more than once.
-	ReasonKeyInvalid = "KEY_INVALID"
+	ReasonKeyInvalid = string(door.KeyInvalid)
 	// ReasonKeyMissing: the method requires a key (WithRequired).
-	ReasonKeyMissing = "KEY_MISSING"
+	ReasonKeyMissing = string(door.KeyMissing)
 	// ReasonScope: WithScope found no principal for the call.
-	ReasonScope = "SCOPE_FAILED"
+	ReasonScope = string(door.Scope)
 	// ReasonBadRequest: WithFingerprint refused the request.
-	ReasonBadRequest = "BAD_REQUEST"
+	ReasonBadRequest = string(door.BadRequest)
 	// ReasonNotStored: the call was processed, but its response could not
 	// be stored, so it cannot be replayed.
-	ReasonNotStored = "NOT_STORED"
+	ReasonNotStored = string(door.NotStored)
 	// ReasonNotRecorded: the handler ran, but its outcome could not be
 	// recorded; a retry may run it again.
-	ReasonNotRecorded = "NOT_RECORDED"
+	ReasonNotRecorded = string(door.NotRecorded)
 	// ReasonRecordUnusable: the stored record of the key cannot be used.
-	ReasonRecordUnusable = "RECORD_UNUSABLE"
+	ReasonRecordUnusable = string(door.RecordUnusable)
 	// ReasonUnavailable (Unavailable): the idempotency store (Redis)
 	// cannot be reached, the service is shutting down, or another
 	// transient failure (the key's record expired while the call waited:
 	// idem.ErrExpired, idem.VerdictTransient); the call was not processed.
-	ReasonUnavailable = "STORE_UNAVAILABLE"
+	ReasonUnavailable = string(door.Unavailable)
 	// ReasonParked (FailedPrecondition): the key's operation is parked,
 	// unfinished, until an operator retries it (idem.ErrParked); the
 	// handler did not run, and waiting alone does not help.
-	ReasonParked = "PARKED"
+	ReasonParked = string(door.Parked)
 	// ReasonOutcomeUnknown (FailedPrecondition): a step of the key's
 	// operation acted and its effect could not be settled; the outcome is
 	// under reconciliation by an operator (idem.ErrUnknownOutcome). Do
 	// not start the operation again under a new key.
-	ReasonOutcomeUnknown = "OUTCOME_UNKNOWN"
+	ReasonOutcomeUnknown = string(door.OutcomeUnknown)
 )
+
+// reasonCodes maps each door.Reason that answerError gives and that is not
+// retryable (those are Unavailable, with RetryInfo) to its code.
+var reasonCodes = map[door.Reason]codes.Code{
+	door.KeyReused:      codes.FailedPrecondition,
+	door.LateRetry:      codes.FailedPrecondition,
+	door.Parked:         codes.FailedPrecondition,
+	door.OutcomeUnknown: codes.FailedPrecondition,
+	door.KeyInvalid:     codes.InvalidArgument,
+	door.NotStored:      codes.Internal,
+	door.RecordUnusable: codes.Internal,
+}
+
+// codeOf returns the code of reason r: Internal for one that answerError
+// does not give.
+func codeOf(r door.Reason) codes.Code {
+	if c, ok := reasonCodes[r]; ok {
+		return c
+	}
+	return codes.Internal
+}
 
 // pushbackTrailer is the trailer by which a server tells gRPC's retry
 // policy how long to wait before it retries, in milliseconds.

@@ -210,7 +210,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/slogdefault"
+	"github.com/idem-go/idem/door"
 )
 
 // Header names.
@@ -369,14 +369,15 @@ func WithMaxResponse(n int) Option {
 	}
 }
 
-// WithRetryAfter sets the Retry-After hint of 409 and 503 answers, rounded
-// up to whole seconds: a guess at when a retry may find the first request
-// finished, not its lease's end. It must be positive.
+// WithRetryAfter sets the Retry-After hint of 409 and 503 answers: a guess
+// at when a retry may find the first request finished, not its lease's
+// end. It must be a positive whole number of seconds, as in every door
+// (door.CheckRetryAfter).
 // The default is 1 second.
 func WithRetryAfter(d time.Duration) Option {
 	return func(c *config) {
-		if d <= 0 {
-			c.problem("WithRetryAfter(%v): must be positive", d)
+		if err := door.CheckRetryAfter(d); err != nil {
+			c.problem("%v", err)
 			return
 		}
 		c.retryAfter = d
@@ -451,7 +452,7 @@ func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 		maxBody:        1 << 20,
 		retryAfter:     time.Second,
 		handlerTimeout: time.Minute,
-		logger:         slog.New(slogdefault.Handler{}),
+		logger:         door.Logger(),
 	}
 	if c == nil {
 		cfg.problem("nil *idem.Client")
@@ -487,27 +488,16 @@ func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 }
 
 // fitLimits sets the key and response limits not given from the Client's,
-// and checks those given against them: a limit set twice must agree, or
-// the first key or response between the two would fail after it was
-// accepted.
+// and checks those given against them (door.FitKeyLen, door.FitResponse):
+// a limit set twice must agree, or the first key or response between the
+// two would fail after it was accepted.
 func (cfg *config) fitLimits(c *idem.Client) {
-	const scopePrefix = len("0:") // the length prefix of the empty scope (ScopedKey)
-	keyRoom, results := c.MaxKeyLen()-scopePrefix, c.MaxResultSize()
-	switch {
-	case keyRoom < 1:
-		cfg.problem("the Client's WithMaxKeyLen(%d) leaves no room for a key after its scope's length prefix", c.MaxKeyLen())
-	case cfg.maxKeyLen == 0:
-		cfg.maxKeyLen = min(255, keyRoom)
-	case cfg.maxKeyLen > keyRoom:
-		cfg.problem("WithMaxKeyLen(%d) does not fit the Client's WithMaxKeyLen(%d) with the scope's length prefix (\"0:\" and longer): "+
-			"keys near the limit would get 400; use at most %d, less the longest scope, or raise the Client's", cfg.maxKeyLen, c.MaxKeyLen(), keyRoom)
+	var err error
+	if cfg.maxKeyLen, err = door.FitKeyLen(c, cfg.maxKeyLen, ""); err != nil {
+		cfg.problem("%v", err)
 	}
-	switch {
-	case cfg.maxResponse == 0:
-		cfg.maxResponse = min(1<<20, results)
-	case cfg.maxResponse > results:
-		cfg.problem("WithMaxResponse(%d) is larger than the Client's WithMaxResultSize(%d): a response between the two would be sent, "+
-			"then refused by the Client, and its retries would get 500; lower it, or raise the Client's", cfg.maxResponse, results)
+	if cfg.maxResponse, err = door.FitResponse(c, cfg.maxResponse); err != nil {
+		cfg.problem("%v", err)
 	}
 }
 
@@ -671,56 +661,18 @@ func (m *middleware) answerCommitted(w http.ResponseWriter, r *http.Request, key
 	resp.write(w, false)
 }
 
-// answerError answers a request whose handler did not run here: a
-// look-up of the error's idem.Verdict.
+// answerError answers a request whose handler did not run here: the
+// door.Answer of its error, mapped to a problem type and status.
 func (m *middleware) answerError(w http.ResponseWriter, r *http.Request, key string, err error) {
-	switch idem.VerdictOf(err) {
-	case idem.VerdictConflict:
-		m.fail(w, ProblemKeyReused, http.StatusUnprocessableEntity,
-			"this "+m.cfg.header+" was used before with another request")
-	case idem.VerdictLateRetry:
-		m.fail(w, ProblemLateRetry, http.StatusGone,
-			"this "+m.cfg.header+" was used, and its response is no longer kept; the request was not processed again")
-	case idem.VerdictInProgress:
-		m.retryAfter(w)
-		m.fail(w, ProblemInProgress, http.StatusConflict,
-			"a request with this "+m.cfg.header+" is still being processed; retry later")
-	case idem.VerdictParked:
-		m.fail(w, ProblemParked, http.StatusConflict,
-			"the operation of this "+m.cfg.header+" is parked; it runs again only when an operator retries it")
-	case idem.VerdictUnknownOutcome:
-		m.fail(w, ProblemOutcomeUnknown, http.StatusConflict,
-			"the outcome of this "+m.cfg.header+"'s operation is unknown and under reconciliation by an operator")
-	case idem.VerdictInvalidKey:
-		m.fail(w, ProblemKeyInvalid, http.StatusBadRequest,
-			"the "+m.cfg.header+" header is too long for this service")
-	case idem.VerdictFailure, idem.VerdictTooLarge:
-		// The only failures the middleware stores are responses too large.
-		m.fail(w, ProblemNotStored, http.StatusInternalServerError,
-			"the request was processed, but its response was too large to be stored and cannot be replayed")
-	case idem.VerdictUnusable, idem.VerdictUndecodable, idem.VerdictOutcome:
-		m.log(r, key, slog.LevelError, "httpidem: cannot answer from the stored record", err)
-		m.fail(w, ProblemServerError, http.StatusInternalServerError, "the record of this key cannot be used")
-	case idem.VerdictUnavailable:
-		m.retryAfter(w)
-		if errors.Is(err, idem.ErrClosed) {
-			m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable, "the service is shutting down")
-			return
-		}
-		m.log(r, key, slog.LevelError, "httpidem: cannot reach the idempotency store", err)
-		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable,
-			"the idempotency store is unavailable; the request was not processed")
-	default:
-		// Context, not recorded, transient (the record expired while this
-		// request waited, or another error): nothing ran here, and a retry
-		// finds out.
-		if r.Context().Err() == nil && !errors.Is(err, idem.ErrExpired) {
-			m.log(r, key, slog.LevelError, "httpidem: cannot answer; a retry may", err)
-		}
-		m.retryAfter(w)
-		m.fail(w, ProblemUnavailable, http.StatusServiceUnavailable,
-			"the request was not processed; retry after Retry-After seconds")
+	a := door.AnswerOf(err, m.cfg.header)
+	if a.Log != "" && r.Context().Err() == nil {
+		m.log(r, key, slog.LevelError, "httpidem: "+a.Log, err)
 	}
+	typ, status := problemOf(a.Reason)
+	if a.Reason.Retryable() {
+		m.retryAfter(w)
+	}
+	m.fail(w, typ, status, a.Detail)
 }
 
 // log logs what happened to the request with the (scoped) key, and err:
@@ -781,9 +733,7 @@ func (e *authError) WWWAuthenticate() string { return e.challenge }
 // to pass to idem.Client.Status and Forget, as idemctl -scope does. It is
 // the scope's length in decimal, ':', the scope and the key: the length
 // says where the scope ends, so no two (scope, key) pairs share one.
-func ScopedKey(scope, key string) string {
-	return strconv.Itoa(len(scope)) + ":" + scope + key
-}
+func ScopedKey(scope, key string) string { return door.Key(scope, key) }
 
 // parseKey checks the key header's values and returns the key.
 func parseKey(values []string, maxLen int) (string, error) {
@@ -812,11 +762,7 @@ func parseKey(values []string, maxLen int) (string, error) {
 		}
 		v = b.String()
 	} else {
-		for i := 0; i < len(v); i++ {
-			if v[i] < 0x21 || v[i] > 0x7E {
-				return "", errors.New("has a character that is not visible ASCII")
-			}
-		}
+		return door.CheckKey(values, maxLen)
 	}
 	switch {
 	case v == "":

@@ -308,7 +308,7 @@ func TestInProgress(t *testing.T) {
 		// Two instances, so that the duplicate asks Redis (not only the
 		// first request's flight in its process).
 		srv1 := serve(t, httpidem.New(b.idem(t))(h))
-		srv2 := serve(t, httpidem.New(b.idem(t, idem.WithWait(50*time.Millisecond)), httpidem.WithRetryAfter(1500*time.Millisecond))(h))
+		srv2 := serve(t, httpidem.New(b.idem(t, idem.WithWait(50*time.Millisecond)), httpidem.WithRetryAfter(2*time.Second))(h))
 		first := make(chan answer, 1)
 		go func() {
 			a, _ := trySend(httpClient(t), srv1.URL, req{key: "busy", body: `{}`})
@@ -319,7 +319,7 @@ func TestInProgress(t *testing.T) {
 		a := send(t, hc, srv2.URL, req{key: "busy", body: `{}`})
 		wantProblem(t, a, http.StatusConflict, httpidem.ProblemInProgress)
 		if got := a.header.Get("Retry-After"); got != "2" {
-			t.Errorf("Retry-After %q, want 2 (1.5s rounded up)", got)
+			t.Errorf("Retry-After %q, want 2 (WithRetryAfter(2s))", got)
 		}
 		close(release)
 		f := recv(t, first)
@@ -841,18 +841,19 @@ func TestNewPanics(t *testing.T) {
 	mr := &backend{addr: "127.0.0.1:1"}
 	keys := mr.idem(t)
 	for name, f := range map[string]func(){
-		"nil client":     func() { httpidem.New(nil) },
-		"no methods":     func() { httpidem.New(keys, httpidem.WithMethods()) },
-		"bad header":     func() { httpidem.New(keys, httpidem.WithHeader("a b")) },
-		"negative body":  func() { httpidem.New(keys, httpidem.WithMaxBody(-1)) },
-		"key length 0":   func() { httpidem.New(keys, httpidem.WithMaxKeyLen(0)) },
-		"response 0":     func() { httpidem.New(keys, httpidem.WithMaxResponse(0)) },
-		"retry after 0":  func() { httpidem.New(keys, httpidem.WithRetryAfter(0)) },
-		"nil scope":      func() { httpidem.New(keys, httpidem.WithScope(nil)) },
-		"nil fp":         func() { httpidem.New(keys, httpidem.WithFingerprint(nil)) },
-		"nil handler":    func() { httpidem.New(keys)(nil) },
-		"empty method":   func() { httpidem.New(keys, httpidem.WithMethods("")) },
-		"header w/colon": func() { httpidem.New(keys, httpidem.WithHeader("X:Y")) },
+		"nil client":       func() { httpidem.New(nil) },
+		"no methods":       func() { httpidem.New(keys, httpidem.WithMethods()) },
+		"bad header":       func() { httpidem.New(keys, httpidem.WithHeader("a b")) },
+		"negative body":    func() { httpidem.New(keys, httpidem.WithMaxBody(-1)) },
+		"key length 0":     func() { httpidem.New(keys, httpidem.WithMaxKeyLen(0)) },
+		"response 0":       func() { httpidem.New(keys, httpidem.WithMaxResponse(0)) },
+		"retry after 0":    func() { httpidem.New(keys, httpidem.WithRetryAfter(0)) },
+		"retry after 1.5s": func() { httpidem.New(keys, httpidem.WithRetryAfter(1500*time.Millisecond)) },
+		"nil scope":        func() { httpidem.New(keys, httpidem.WithScope(nil)) },
+		"nil fp":           func() { httpidem.New(keys, httpidem.WithFingerprint(nil)) },
+		"nil handler":      func() { httpidem.New(keys)(nil) },
+		"empty method":     func() { httpidem.New(keys, httpidem.WithMethods("")) },
+		"header w/colon":   func() { httpidem.New(keys, httpidem.WithHeader("X:Y")) },
 	} {
 		func() {
 			defer func() {

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/idem-go/idem/door"
 )
 
 // The type URIs of the middleware's problem answers (RFC 9457), each a
@@ -69,22 +71,41 @@ const (
 	ProblemOutcomeUnknown = problemBase + "ProblemOutcomeUnknown"
 )
 
+// problems maps each door.Reason to its problem type and status; titles
+// are the reasons' (door.Reason.Title).
+var problems = map[door.Reason]struct {
+	typ    string
+	status int
+}{
+	door.KeyMissing:     {ProblemKeyMissing, http.StatusBadRequest},
+	door.KeyInvalid:     {ProblemKeyInvalid, http.StatusBadRequest},
+	door.KeyReused:      {ProblemKeyReused, http.StatusUnprocessableEntity},
+	door.LateRetry:      {ProblemLateRetry, http.StatusGone},
+	door.InProgress:     {ProblemInProgress, http.StatusConflict},
+	door.BodyTooLarge:   {ProblemBodyTooLarge, http.StatusRequestEntityTooLarge},
+	door.BadRequest:     {ProblemBadRequest, http.StatusBadRequest},
+	door.Scope:          {ProblemScope, http.StatusUnauthorized},
+	door.NotStored:      {ProblemNotStored, http.StatusInternalServerError},
+	door.NotRecorded:    {ProblemNotRecorded, http.StatusInternalServerError},
+	door.RecordUnusable: {ProblemServerError, http.StatusInternalServerError},
+	door.Unavailable:    {ProblemUnavailable, http.StatusServiceUnavailable},
+	door.Parked:         {ProblemParked, http.StatusConflict},
+	door.OutcomeUnknown: {ProblemOutcomeUnknown, http.StatusConflict},
+}
+
 // titles are the problems' titles, one per type (RFC 9457, section 3.1.3).
-var titles = map[string]string{
-	ProblemKeyMissing:     "Idempotency key missing",
-	ProblemKeyInvalid:     "Invalid idempotency key",
-	ProblemKeyReused:      "Idempotency key reused with another request",
-	ProblemLateRetry:      "Idempotency key used, response no longer kept",
-	ProblemInProgress:     "Request with this idempotency key in progress",
-	ProblemBodyTooLarge:   "Request body too large",
-	ProblemBadRequest:     "Bad request",
-	ProblemScope:          "Principal not established",
-	ProblemNotStored:      "Response not stored",
-	ProblemNotRecorded:    "Response not recorded",
-	ProblemServerError:    "Idempotency record unusable",
-	ProblemUnavailable:    "Idempotency store unavailable",
-	ProblemParked:         "Operation parked",
-	ProblemOutcomeUnknown: "Outcome unknown, under reconciliation",
+var titles = func() map[string]string {
+	t := make(map[string]string, len(problems))
+	for r, p := range problems {
+		t[p.typ] = r.Title()
+	}
+	return t
+}()
+
+// problemOf returns the problem type and status of reason r.
+func problemOf(r door.Reason) (typ string, status int) {
+	p := problems[r]
+	return p.typ, p.status
 }
 
 // problem is an RFC 9457 problem details object.

@@ -3,7 +3,6 @@ package httpidem
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/door"
 )
 
 // errNotStored is the stored outcome of a response too large to buffer: the
@@ -76,100 +76,37 @@ const (
 // encode returns the stored form of r.
 func (r response) encode() []byte {
 	b := make([]byte, 0, encodedSize(r.status, r.header)+len(r.body))
-	b = append(b, formatMagic, formatVersion)
-	b = binary.AppendUvarint(b, uint64(r.status))
-	n := 0
-	for _, vs := range r.header {
-		n += len(vs)
-	}
-	b = binary.AppendUvarint(b, uint64(n))
-	for _, k := range sortedKeys(r.header) {
-		for _, v := range r.header[k] {
-			b = binary.AppendUvarint(b, uint64(len(k)))
-			b = append(b, k...)
-			b = binary.AppendUvarint(b, uint64(len(v)))
-			b = append(b, v...)
-		}
-	}
+	b = door.AppendFrame(b, formatMagic, formatVersion)
+	b = door.AppendUvarint(b, uint64(r.status))
+	b = door.AppendPairs(b, r.header)
 	return append(b, r.body...)
 }
 
-// encodedSize is the size of the stored form of a response with the status
-// and headers, without its body.
+// encodedSize is the size of the stored form of a response with the
+// status and headers, without its body.
 func encodedSize(status int, h http.Header) int {
-	size, n := 2+uvarintLen(status), 0
-	for k, vs := range h {
-		for _, v := range vs {
-			size += uvarintLen(len(k)) + len(k) + uvarintLen(len(v)) + len(v)
-			n++
-		}
-	}
-	return size + uvarintLen(n)
-}
-
-func uvarintLen(x int) int {
-	var b [binary.MaxVarintLen64]byte
-	return binary.PutUvarint(b[:], uint64(x))
-}
-
-func sortedKeys(h http.Header) []string {
-	keys := make([]string, 0, len(h))
-	for k := range h {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
+	return 2 + door.UvarintLen(uint64(status)) + door.PairsSize(h)
 }
 
 // decodeResponse reads the stored form of a response. The body it returns
 // shares b's memory.
 func decodeResponse(b []byte) (response, error) {
-	bad := func(why string) (response, error) {
-		return response{}, fmt.Errorf("%w: stored response: %s", idem.ErrCorrupt, why)
+	d, err := door.ReadFrame(b, formatMagic, formatVersion)
+	if err != nil {
+		return response{}, err
 	}
-	if len(b) < 2 || b[0] != formatMagic {
-		return bad("not a stored response")
-	}
-	if b[1] != formatVersion {
-		return bad(fmt.Sprintf("unknown format version %d", b[1]))
-	}
-	b = b[2:]
-	uvarint := func() (uint64, bool) {
-		x, n := binary.Uvarint(b)
-		if n <= 0 {
-			return 0, false
-		}
-		b = b[n:]
-		return x, true
-	}
-	str := func() (string, bool) {
-		n, ok := uvarint()
-		if !ok || n > uint64(len(b)) {
-			return "", false
-		}
-		s := string(b[:n])
-		b = b[n:]
-		return s, true
-	}
-	status, ok := uvarint()
+	status, ok := d.Uvarint()
 	if !ok || status < 100 || status > 999 {
-		return bad("invalid status")
+		return response{}, door.Corrupt("invalid status")
 	}
-	n, ok := uvarint()
-	if !ok || n > uint64(len(b))/2 {
-		return bad("invalid header count")
+	h, ok := d.Pairs()
+	if !ok {
+		return response{}, door.Corrupt("truncated header")
 	}
-	r := response{status: int(status), header: make(http.Header, n)}
-	for range n {
-		k, ok1 := str()
-		v, ok2 := str()
-		if !ok1 || !ok2 || k == "" {
-			return bad("truncated header")
-		}
-		r.header[k] = append(r.header[k], v)
+	if h == nil {
+		h = http.Header{}
 	}
-	r.body = b
-	return r, nil
+	return response{status: int(status), header: h, body: d.Rest()}, nil
 }
 
 // storable returns the headers of h that are stored: all but the hop-by-hop

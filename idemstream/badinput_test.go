@@ -7,12 +7,14 @@ package idemstream_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstream"
 	"github.com/redis/go-redis/v9"
@@ -39,7 +41,7 @@ func TestBadEntries(t *testing.T) {
 	corrupt := add("event", "ev-corrupt")
 	conflict := add("event", "ev-0", "amount", "10") // ev-0 again, with other fields
 	last := add("event", "ev-1")
-	if err := rdb.Set(ctx, "idem:{s/g/ev-corrupt}", "garbage", 0).Err(); err != nil {
+	if err := rdb.Set(ctx, "idem:{4:s/g/ev-corrupt}", "garbage", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -167,22 +169,20 @@ func TestGroupDeleted(t *testing.T) {
 	}
 }
 
-// TestBadArguments: empty names, nil clients and a nil handler make Run
-// return an error naming them; Run while running is refused; invalid
-// options panic in New, naming the option.
+// TestBadArguments: a nil handler makes Run return an error naming it;
+// Run while running is refused; invalid options panic in New, naming the
+// option (nil clients and empty names: TestNewRefusesNilClients).
 func TestBadArguments(t *testing.T) {
 	ctx := context.Background()
 	h := func(context.Context, redis.XMessage) error { return nil }
-	err := idemstream.New(nil, nil, "", "", "").Run(ctx, nil)
-	for _, want := range []string{"no idem.Client", "no Redis client", "empty stream name", "empty group name", "empty consumer name", "nil Handler"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Run with nothing: %v, want an error saying %q", err, want)
-		}
-	}
-
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
-	c := idemstream.New(newIdem(t, addr), rdb, "s", "g", "c1", quiet)
+	keys := newIdem(t, addr)
+	if err := idemstream.New(keys, rdb, "s", "g", "c1", quiet).Run(ctx, nil); err == nil || !strings.Contains(err.Error(), "nil Handler") {
+		t.Errorf("Run(nil): %v, want an error saying nil Handler", err)
+	}
+
+	c := idemstream.New(keys, rdb, "s", "g", "c1", quiet)
 	r := start(t, c, h)
 	eventually(t, 10*time.Second, "the first Run to create the group", func() bool {
 		g, err := rdb.XInfoGroups(ctx, "s").Result()
@@ -215,9 +215,67 @@ func TestBadArguments(t *testing.T) {
 					t.Errorf("New with %s: panic %v, want one naming the option", name, p)
 				}
 			}()
-			idemstream.New(nil, nil, "s", "g", "c", opt)
+			idemstream.New(keys, rdb, "s", "g", "c", opt)
 		}()
 	}
+}
+
+// TestNewRefusesNilClients: nil clients and empty names panic in New,
+// naming each, as httpidem.New and grpcidem.UnaryServerInterceptor panic
+// on a nil Client: at construction, in every door, not at the first Run.
+func TestNewRefusesNilClients(t *testing.T) {
+	mr := miniredis.RunT(t)
+	keys := idem.New(redis.NewClient(&redis.Options{Addr: mr.Addr()}), idem.WithLogger(nil))
+	t.Cleanup(func() { _ = keys.Close() })
+	rdb := newClient(t, mr.Addr())
+	for _, tc := range []struct {
+		name string
+		new  func()
+		want []string
+	}{
+		{"nothing", func() { idemstream.New(nil, nil, "", "", "") },
+			[]string{"nil *idem.Client", "nil Redis client", "empty stream name", "empty group name", "empty consumer name"}},
+		{"nil idem.Client", func() { idemstream.New(nil, rdb, "s", "g", "c") }, []string{"nil *idem.Client"}},
+		{"nil Redis client", func() { idemstream.New(keys, nil, "s", "g", "c") }, []string{"nil Redis client"}},
+		{"empty consumer", func() { idemstream.New(keys, rdb, "s", "g", "") }, []string{"empty consumer name"}},
+	} {
+		func() {
+			defer func() {
+				p := recover()
+				s, _ := p.(string)
+				if p == nil || !strings.HasPrefix(s, "idemstream: ") {
+					t.Errorf("%s: New panicked with %v, want a panic with the package prefix", tc.name, p)
+				}
+				for _, w := range tc.want {
+					if !strings.Contains(s, w) {
+						t.Errorf("%s: panic %q does not say %q", tc.name, s, w)
+					}
+				}
+			}()
+			tc.new()
+		}()
+	}
+}
+
+// TestScopeFitsTheClientsKeyLimit: a scope that leaves no room for a key
+// within the Client's WithMaxKeyLen panics in New, as httpidem and
+// grpcidem fit their limits to the Client's (door.FitKeyLen), instead of
+// dead-lettering every entry as an invalid key.
+func TestScopeFitsTheClientsKeyLimit(t *testing.T) {
+	mr := miniredis.RunT(t)
+	keys := idem.New(redis.NewClient(&redis.Options{Addr: mr.Addr()}), idem.WithLogger(nil), idem.WithMaxKeyLen(16))
+	t.Cleanup(func() { _ = keys.Close() })
+	rdb := newClient(t, mr.Addr())
+	func() {
+		defer func() {
+			if p := recover(); p == nil || !strings.Contains(fmt.Sprint(p), "WithMaxKeyLen(16)") {
+				t.Errorf("New with a 15-byte scope and a 16-byte key limit: panic %v, want one naming the Client's limit", p)
+			}
+		}()
+		idemstream.New(keys, rdb, "orders", "billing", "c1", quiet) // scope "orders/billing/"
+	}()
+	// A scope that leaves room is fine.
+	idemstream.New(keys, rdb, "orders", "billing", "c1", quiet, idemstream.WithScope("o/"))
 }
 
 // A dead-lettered conflict is logged with its key's digest, never the key

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/door"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -58,11 +59,10 @@ type Consumer struct {
 	keys                   *idem.Client
 	rdb                    redis.UniversalClient
 	stream, group, name    string
-	scope                  string // prefix of the keys given to Do
+	scope                  string // of the keys given to Do (door.Key)
 	cfg                    config
 	deadLetter             string
 	running                atomic.Bool
-	problems               []string // of New's arguments; Run returns them
 	heartbeat, claimPeriod time.Duration
 }
 
@@ -71,34 +71,41 @@ type Consumer struct {
 // of a group a name of its own that stays the same across restarts: a
 // restarted consumer resumes the entries it held at once, while entries
 // of a name that never comes back wait WithClaimIdle for another consumer.
-// Empty names or nil clients make Run return an error; New panics if an
-// option is invalid, as that is a programming error.
+// New panics if a client is nil, a name is empty, an option is invalid,
+// or the scope leaves no room for a key within the Client's
+// idem.WithMaxKeyLen, as those are programming errors, as httpidem's and
+// grpcidem's constructors do.
 func New(client *idem.Client, rdb redis.UniversalClient, stream, group, consumer string, opts ...Option) *Consumer {
 	cfg := defaultConfig(client)
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if len(cfg.problems) > 0 {
-		panic("idemstream: invalid options: " + strings.Join(cfg.problems, "; "))
-	}
-	c := &Consumer{keys: client, rdb: rdb, stream: stream, group: group, name: consumer, cfg: cfg}
 	if client == nil {
-		c.problems = append(c.problems, "no idem.Client")
+		cfg.problem("nil *idem.Client")
 	}
 	if rdb == nil {
-		c.problems = append(c.problems, "no Redis client")
+		cfg.problem("nil Redis client")
 	}
 	for _, n := range []struct{ what, v string }{{"stream", stream}, {"group", group}, {"consumer", consumer}} {
 		if n.v == "" {
-			c.problems = append(c.problems, "empty "+n.what+" name")
+			cfg.problem("empty %s name", n.what)
 		}
 	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c := &Consumer{keys: client, rdb: rdb, stream: stream, group: group, name: consumer, cfg: cfg}
 	if cfg.key == nil {
 		c.cfg.key = func(m redis.XMessage) string { return m.ID }
 	}
 	c.scope = escapeName(stream) + "/" + escapeName(group) + "/"
 	if cfg.scope != nil {
 		c.scope = *cfg.scope
+	}
+	if client != nil {
+		if _, err := door.FitKeyLen(client, 0, c.scope); err != nil {
+			cfg.problem("%v", err)
+		}
+	}
+	if len(cfg.problems) > 0 {
+		panic("idemstream: invalid arguments: " + strings.Join(cfg.problems, "; "))
 	}
 	c.deadLetter = cfg.deadLetter
 	if c.deadLetter == "" {
@@ -131,12 +138,8 @@ func New(client *idem.Client, rdb redis.UniversalClient, stream, group, consumer
 // commands (permissions, a version without XAUTOCLAIM: Redis 6.2 is
 // needed), the idem.Client was closed. One Consumer runs one Run at a time.
 func (c *Consumer) Run(ctx context.Context, h Handler) error {
-	problems := c.problems
 	if h == nil {
-		problems = append(problems[:len(problems):len(problems)], "nil Handler")
-	}
-	if len(problems) > 0 {
-		return fmt.Errorf("idemstream: cannot run: %s", strings.Join(problems, "; "))
+		return errors.New("idemstream: cannot run: nil Handler")
 	}
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("idemstream: Run called while the Consumer is running")

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/door"
 	"github.com/idem-go/idem/idemstream"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -212,7 +213,7 @@ func TestDeadConsumerTakenOver(t *testing.T) {
 		t.Fatalf("the dead consumer's read: %v, %v", read, err)
 	}
 	readAt := time.Now()
-	if _, err := keys.Do(ctx, "s/g/ev-1", idem.Fingerprint(read[0].Messages[1].Values), func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+	if _, err := keys.Do(ctx, door.Key("s/g/", "ev-1"), idem.Fingerprint(read[0].Messages[1].Values), func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 		t.Fatal(err)
 	}
 
@@ -269,7 +270,7 @@ func TestOverDelivered(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := keys.Do(ctx, "s/g/ev-1", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+	if _, err := keys.Do(ctx, door.Key("s/g/", "ev-1"), "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
 		t.Fatal(err)
 	}
 	var runs atomic.Int64

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/door"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -66,7 +67,7 @@ func (r *run) handle(j job) {
 		r.deadLetter(m, d, "", fmt.Errorf("%w (WithKey found none in entry %s)", ErrNoKey, m.ID))
 		return
 	}
-	key = r.c.scope + key
+	key = door.Key(r.c.scope, key)
 	fp := r.c.cfg.fingerprint(m)
 	var waits int64 // tries in a row that were not deliveries
 	for {
@@ -91,21 +92,21 @@ func (r *run) handle(j job) {
 					slog.String("consumer", r.c.name), slog.String("id", m.ID)}, r.c.keys.LogAttrs(key, nil)...)...)
 			return
 		}
+		// What Do's error means (idem.VerdictOf), as in every door.
+		v := idem.VerdictOf(err)
 		switch {
-		case errors.Is(err, idem.ErrConflict):
-			// Stored for the key is another entry's outcome: this one was
-			// not handled. Keep it where an operator sees it.
-			r.deadLetter(m, d, key, err)
-			return
-		case idem.Ack(err):
-			r.ack(m)
-			return
 		case errors.Is(err, errTooMany):
 			r.deadLetter(m, d, key, fmt.Errorf("%w: delivered %d times, WithMaxDeliveries is %d", ErrTooManyDeliveries, d, r.c.cfg.maxDeliveries))
 			return
-		case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrCorrupt):
-			// No retry changes these.
+		case v == idem.VerdictConflict, v.DeadLetter():
+			// A conflict: stored for the key is another entry's outcome,
+			// and this one was not handled; an invalid key or an unusable
+			// record: no retry changes them. Keep it where an operator
+			// sees it.
 			r.deadLetter(m, d, key, err)
+			return
+		case v.Settled():
+			r.ack(m)
 			return
 		case errors.Is(err, idem.ErrClosed):
 			r.stop(fmt.Errorf("idemstream: the idem.Client was closed: %w", err))
@@ -114,10 +115,12 @@ func (r *run) handle(j job) {
 		if r.rctx.Err() != nil {
 			return // Run is ending: the entry stays pending
 		}
-		if !ran || errors.Is(err, idem.ErrNotRecorded) || errors.Is(err, idem.ErrLeaseLost) {
+		if !ran || v == idem.VerdictNotRecorded {
 			// Not the handler's failure: the key in progress elsewhere,
-			// Redis failing, an outcome that could not be stored (the next
-			// try finds it, or takes over after the lease). Not a delivery.
+			// Redis failing, a record that expired while this try waited
+			// (idem.ErrExpired), an outcome that could not be stored or
+			// replicated (the next try finds it, or takes over after the
+			// lease). Not a delivery.
 			waits++
 			if !r.sleep(r.c.backoff(waits)) {
 				return

@@ -9,6 +9,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/door"
 	"github.com/idem-go/idem/idemstream"
 	"github.com/redis/go-redis/v9"
 )
@@ -93,10 +94,10 @@ func Example_ledger() {
 			}
 			return err
 		})
-		_ = keys.Forget(context.Background(), "payments:stop")
+		_ = keys.Forget(context.Background(), door.Key("payments:", "stop"))
 	}
 	consume("ev-1")
-	_ = keys.Forget(context.Background(), "payments:ev-1") // Redis lost the record
+	_ = keys.Forget(context.Background(), door.Key("payments:", "ev-1")) // Redis lost the record
 	consume("ev-1")
 	fmt.Println("balance", acct.balance)
 	// Output:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/door"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -52,7 +53,7 @@ func defaultConfig(keys *idem.Client) config {
 		backoffMax:    time.Minute,
 		drain:         lease,
 		handlerTime:   10 * lease,
-		logger:        slog.Default(),
+		logger:        door.Logger(),
 	}
 }
 
@@ -64,7 +65,8 @@ func (c *config) problem(format string, args ...any) {
 // that the producer sets to the event's stable business id, so that an
 // event the producer sent twice (in two entries) is handled once. An
 // entry for which key returns "" is dead-lettered (ErrNoKey). The key
-// given to Do is the scope (WithScope) followed by key's result.
+// given to Do is door.Key(scope, key's result), the scheme every door
+// shares (see WithScope).
 // The default is the entry's ID: redeliveries of one entry are handled
 // once, but an event sent twice is handled twice.
 func WithKey(key func(redis.XMessage) string) Option {
@@ -94,12 +96,17 @@ func WithFingerprint(fingerprint func(redis.XMessage) string) Option {
 	}
 }
 
-// WithScope sets the prefix of every key the Consumer gives to Do, so
-// that keys of one stream and group never meet another's in the same
-// idem.Client. Pass "" to share keys with other ways in (an HTTP handler
-// with the same keys, another group that must not repeat the work).
+// WithScope sets the scope of every key the Consumer gives to Do, which
+// is door.Key(scope, key), so that keys of one stream and group never
+// meet another's in the same idem.Client. Pass "" to share keys with the
+// other doors used without a scope: an entry with key order-1 and a POST
+// through httpidem with Idempotency-Key order-1 (no httpidem.WithScope)
+// name one record, door.Key("", "order-1"); or pass one scope to several
+// groups that must not repeat each other's work.
 // The default is the stream's and the group's names, each followed by
-// '/' (with '/' and '\' in them escaped by '\'): "orders/billing/".
+// '/' (with '/' and '\' in them escaped by '\'): "orders/billing/". New
+// panics if the scope leaves no room for a key within the Client's
+// idem.WithMaxKeyLen.
 func WithScope(scope string) Option {
 	return func(c *config) { c.scope = &scope }
 }
@@ -256,7 +263,8 @@ func WithOnDeadLetter(f func(ctx context.Context, d DeadLetter)) Option {
 // WithLogger sets where the Consumer reports what it works around: reads
 // and acknowledgements that failed and are retried, entries dead-lettered.
 // nil discards.
-// The default is slog.Default().
+// The default is slog.Default(), as it is when a record is logged (as in
+// every door: door.Logger).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l == nil {

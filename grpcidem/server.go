@@ -132,7 +132,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	cl.capture.close()
-	res, err := o.res, o.err
+	res, err := o.Res, o.Err
 	switch {
 	case cl.ran && cl.decided && cl.mine && err == nil:
 		return cl.answerCommitted(res)

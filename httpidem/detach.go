@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+
+	"github.com/idem-go/idem/door"
 )
 
 // gate guards the real ResponseWriter from a handler that runs detached
@@ -47,56 +49,24 @@ var errHandlerTimeout = errors.New("httpidem: the handler ran longer than WithHa
 // errClientGone is what a streamed write returns once ServeHTTP has gone.
 var errClientGone = errors.New("httpidem: the request's context ended; the handler runs on detached, and its response goes to the retry")
 
-// outcome is what the detached call to idem.Client.Do came to.
-type outcome struct {
-	res      []byte
-	err      error
-	panicked bool
-	value    any // the panic's
-}
-
-// detach runs do on a context that keeps r's values but not its
-// cancellation, bounded by WithHandlerTimeout, and waits for it while r's
-// context lasts. It returns do's outcome, or ok false once r's context
-// ended first: do goes on, and its outcome is recorded for the retry. A
-// panic in do reaches the caller while it waits; after, it is logged.
-func (m *middleware) detach(r *http.Request, key string, do func(ctx context.Context) ([]byte, error)) (o outcome, ok bool) {
-	done := make(chan outcome, 1)
-	gone := make(chan struct{})
-	go func() {
-		ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(r.Context()), m.cfg.handlerTimeout, errHandlerTimeout)
-		defer cancel()
-		finished := false
-		defer func() {
-			if finished {
-				return
-			}
-			p := recover() // nil after runtime.Goexit
-			select {
-			case <-gone:
-				if p != http.ErrAbortHandler {
-					m.log(r, key, slog.LevelError, "httpidem: a detached handler panicked after its client had gone; its key was released",
-						nil, slog.Any("panic", p))
-				}
-			default:
-			}
-			done <- outcome{panicked: true, value: p}
-		}()
-		res, err := do(ctx)
-		finished = true
-		done <- outcome{res: res, err: err}
-	}()
-	select {
-	case o := <-done:
-		if o.panicked {
-			if o.value == nil {
-				panic(fmt.Sprintf("httpidem: key %q: the handler called runtime.Goexit or panicked with nil", key))
-			}
-			panic(o.value)
+// detach runs do with door.Detach: on a context that keeps r's values
+// but not its cancellation, bounded by WithHandlerTimeout, waited for
+// while r's context lasts. It returns do's outcome (never a panic), or ok false once r's
+// context ended first: do goes on, and its outcome is recorded for the
+// retry. A panic in do reaches the caller while it waits; after, it is
+// logged.
+func (m *middleware) detach(r *http.Request, key string, do func(ctx context.Context) ([]byte, error)) (door.Outcome, bool) {
+	o, ok := door.Detach(r.Context(), m.cfg.handlerTimeout, errHandlerTimeout, do, func(p any) {
+		if p != http.ErrAbortHandler {
+			m.log(r, key, slog.LevelError, "httpidem: a detached handler panicked after its client had gone; its key was released",
+				nil, slog.Any("panic", p))
 		}
-		return o, true
-	case <-r.Context().Done():
-		close(gone)
-		return outcome{}, false
+	})
+	if o.Panicked {
+		if o.Panic == nil {
+			panic(fmt.Sprintf("httpidem: key %q: the handler called runtime.Goexit or panicked with nil", key))
+		}
+		panic(o.Panic)
 	}
+	return o, ok
 }

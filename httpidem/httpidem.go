@@ -592,7 +592,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.close()
-	res, err := o.res, o.err
+	res, err := o.Res, o.Err
 	switch {
 	case rec != nil && decided && mine && err == nil:
 		m.answerCommitted(w, r, key, rec, res)

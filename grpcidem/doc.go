@@ -179,9 +179,17 @@
 //
 // # Streaming RPCs
 //
-// Streaming RPCs pass through untouched: the interceptors are unary
-// (grpc.UnaryServerInterceptor, grpc.UnaryClientInterceptor), and gRPC does
-// not call them for streams. A stream carries many messages whose outcome
-// cannot be stored and replayed as one response; a key sent on a stream is
-// ignored, and WithRequired does not apply to streams.
+// A stream carries many messages whose outcome cannot be stored and
+// replayed as one response, so no interceptor here makes a stream
+// idempotent. UnaryServerInterceptor and UnaryClientInterceptor are unary,
+// and gRPC does not call them for streams: alone, they let a key sent on a
+// stream pass unseen, and WithRequired does not apply to streams. Chain
+// StreamServerInterceptor too, and a stream that carries a key is refused
+// (InvalidArgument, ReasonKeyInvalid, saying why) instead of being run by
+// a client that believes its retries safe:
+//
+//	grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(keys)),
+//		grpc.ChainStreamInterceptor(grpcidem.StreamServerInterceptor()),
+//	)
 package grpcidem

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -1084,4 +1085,76 @@ func TestKeyLimitFitsTheClients(t *testing.T) {
 	}()
 	grpcidem.UnaryServerInterceptor(keys, grpcidem.WithMaxKeyLen(38)) // "0:" and 38 bytes fit
 	grpcidem.UnaryServerInterceptor(keys)                             // the default, fitted
+}
+
+// TestStreamWithKeyRefused: StreamServerInterceptor refuses a streaming
+// RPC that carries a key, with InvalidArgument and ReasonKeyInvalid and a
+// message saying why, without running its handler; streams without a key
+// run as before, and WithHeader names the key's metadata.
+func TestStreamWithKeyRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		opts   []grpcidem.Option
+		header string
+	}{
+		{"default header", nil, grpcidem.HeaderIdempotencyKey},
+		{"WithHeader", []grpcidem.Option{grpcidem.WithHeader("x-request-key")}, "x-request-key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bk := &bank{}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := grpc.NewServer(grpc.ChainStreamInterceptor(grpcidem.StreamServerInterceptor(tc.opts...)))
+			srv.RegisterService(&bankDesc, bk)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = srv.Serve(ln) }()
+			t.Cleanup(func() { srv.Stop(); <-done })
+			cc := dial(t, ln.Addr().String())
+			watch := func(md ...string) (int, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				ctx = metadata.AppendToOutgoingContext(ctx, md...)
+				st, err := cc.NewStream(ctx, &bankDesc.Streams[0], methodWatch)
+				if err != nil {
+					return 0, err
+				}
+				if err := st.SendMsg(mustStruct(nil)); err != nil {
+					return 0, err
+				}
+				_ = st.CloseSend()
+				n := 0
+				for {
+					if err := st.RecvMsg(new(structpb.Struct)); err != nil {
+						if errors.Is(err, io.EOF) {
+							return n, nil
+						}
+						return n, err
+					}
+					n++
+				}
+			}
+			_, err = watch(tc.header, "k1")
+			if status.Code(err) != codes.InvalidArgument || grpcidem.Reason(err) != grpcidem.ReasonKeyInvalid ||
+				!strings.Contains(status.Convert(err).Message(), "not supported on streaming RPCs") {
+				t.Errorf("stream with a key: %v (reason %q), want InvalidArgument, %s, saying why", err, grpcidem.Reason(err), grpcidem.ReasonKeyInvalid)
+			}
+			if got := bk.watchRuns.Load(); got != 0 {
+				t.Errorf("the refused stream's handler ran %d times", got)
+			}
+			if n, err := watch("other-metadata", "v"); err != nil || n != 2 {
+				t.Errorf("stream without a key: %d messages, %v; want 2, nil", n, err)
+			}
+			if got := bk.watchRuns.Load(); got != 1 {
+				t.Errorf("stream handler ran %d times, want 1", got)
+			}
+		})
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("StreamServerInterceptor(WithHeader(\"grpc-x\")): no panic")
+		}
+	}()
+	grpcidem.StreamServerInterceptor(grpcidem.WithHeader("grpc-x"))
 }

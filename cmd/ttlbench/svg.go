@@ -13,15 +13,15 @@ import (
 // one for duplicate rates above zero, and below it, across an axis break, a
 // row for policies with no duplicates at all, which a log scale cannot show.
 const (
-	svgW      = 880
-	svgH      = 1030
-	plotL     = 110 // left edge of the plot
-	plotR     = 840 // right edge
-	plotT     = 110 // top of the log band
-	logB      = 410 // bottom of the log band
-	zeroY     = 455 // the zero row
-	axisY     = 480 // the x axis
-	charWidth = 0.6 // average glyph width of sans-serif text, in ems
+	svgW     = 880
+	svgH     = 1030
+	plotL    = 110 // left edge of the plot
+	plotR    = 840 // right edge
+	plotT    = 110 // top of the log band
+	logB     = 410 // bottom of the log band
+	zeroY    = 455 // the zero row
+	axisY    = 480 // the x axis
+	labelPad = 2   // the space kept clear around a label, in pixels
 )
 
 // SVG draws the trade-off: x is the peak memory of live records, y the
@@ -34,8 +34,7 @@ func (r *Report) SVG() []byte {
 		svgW, svgH, svgW, svgH)
 	c.printf(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	c.text(svgW/2, 32, 18, "middle", "bold", "#222", "Retention trade-off: duplicate executions vs. Redis memory")
-	width := int(math.Floor((plotR - plotL) / (12 * charWidth)))
-	sub := append(wrap(r.Workload, width), wrap("replayed "+r.Traffic+"; "+r.Setup, width)...)
+	sub := append(wrap(r.Workload, 12, plotR-plotL), wrap("replayed "+r.Traffic+"; "+r.Setup, 12, plotR-plotL)...)
 	for i, line := range sub {
 		c.text(svgW/2, 54+16*i, 12, "middle", "", "#555", line)
 	}
@@ -58,8 +57,30 @@ func (r *Report) SVG() []byte {
 		taken = append(taken, l.box())
 	}
 	r.drawPoints(c, pts)
-	for _, l := range r.placeLabels(pts, taken) {
+	pair, pairText, hasPair := r.drawPair(c, xs, ys)
+	obstacles := taken
+	if hasPair {
+		obstacles = append(obstacles, box{pair.x - 8, pair.y - 8, pair.x + 8, pair.y + 8})
+	}
+	labels := r.placeLabels(pts, obstacles)
+	for _, l := range labels {
 		c.label(l)
+		obstacles = append(obstacles, l.box())
+	}
+	if hasPair {
+		var cands []label
+		for _, d := range []float64{12, 24, 36, 48} {
+			for _, at := range []struct {
+				dx, dy float64
+				anchor string
+			}{{0, d + 8, "middle"}, {0, -d + 2, "middle"}, {d, d + 8, "start"}, {-d, d + 8, "end"}, {d, -d + 2, "start"}, {-d, -d + 2, "end"}} {
+				cands = append(cands, label{x: pair.x + at.dx, y: pair.y + at.dy, size: 12, anchor: at.anchor, weight: "bold", color: pairColor, text: pairText})
+			}
+		}
+		for _, p := range pts {
+			obstacles = append(obstacles, box{p.x - 7, p.y - 7, p.x + 7, p.y + 7})
+		}
+		c.label(placeFirst(cands, obstacles, box{plotL + 6, plotT - 8, svgW - 6, axisY - 2}))
 	}
 	r.drawGaps(c)
 	c.printf("</svg>\n")
@@ -110,15 +131,12 @@ func (r *Report) drawFootnotes(c *canvas) {
 	if len(r.Results) == 0 {
 		return
 	}
-	// Small print runs narrower than charWidth, which is cautious for
-	// label boxes: wrap at the width the text actually takes.
-	const size, glyph = 10, 0.52
-	width := int(math.Floor((svgW - plotL - 10) / (size * glyph)))
-	lines := wrap(bytesNote(r.Results[0].BytesMethod), width)
+	const size, width = 10, svgW - plotL - 10
+	lines := wrap(bytesNote(r.Results[0].BytesMethod), size, width)
 	if r.Results[len(r.Results)-1].Retention > r.Arrivals {
 		lines = append(lines, wrap(fmt.Sprintf(
 			"hollow points: retentions longer than the %s of arrivals, whose peaks count every operation, not a steady state",
-			roughDuration(r.Arrivals)), width)...)
+			roughDuration(r.Arrivals)), size, width)...)
 	}
 	for i, line := range lines {
 		c.text(plotL, svgH-10-13*(len(lines)-1-i), size, "start", "", "#666", line)
@@ -200,7 +218,11 @@ func (s logScale) pos(v float64) float64 {
 func (r *Report) scales() (xs, ys logScale) {
 	bmin, bmax := math.Inf(1), 0.0
 	rmin, rmax := math.Inf(1), 0.0
-	for _, res := range r.Results {
+	all := r.Results
+	if pair, ok := r.recommendedPair(); ok {
+		all = append(slices.Clone(all), pair)
+	}
+	for _, res := range all {
 		b := float64(max(res.PeakBytes, 1))
 		bmin, bmax = min(bmin, b), max(bmax, b)
 		if dr := res.DuplicateRate(); dr > 0 {
@@ -269,20 +291,21 @@ type label struct {
 	text          string
 }
 
-// box estimates the space the label takes.
+// box returns the space the label takes, in the glyphs of the widest font
+// a viewer may draw it in (svgfont.go), with labelPad around it: from the
+// baseline up by the font's ascent and down by its descent. The label is
+// drawn at whole pixels, as canvas.label draws it.
 func (l label) box() box {
-	w := float64(len([]rune(l.text))) * float64(l.size) * charWidth
-	if l.weight == "bold" {
-		w *= 1.1
-	}
-	b := box{x0: l.x, y0: l.y - float64(l.size), x1: l.x + w, y1: l.y + 3}
+	w := textWidth(l.text, l.size, l.weight == "bold")
+	x, y, size := math.Trunc(l.x), math.Trunc(l.y), float64(l.size)
+	b := box{x0: x, y0: y - 0.76*size, x1: x + w, y1: y + 0.24*size}
 	switch l.anchor {
 	case "end":
-		b.x0, b.x1 = l.x-w, l.x
+		b.x0, b.x1 = x-w, x
 	case "middle":
-		b.x0, b.x1 = l.x-w/2, l.x+w/2
+		b.x0, b.x1 = x-w/2, x+w/2
 	}
-	return b
+	return box{b.x0 - labelPad, b.y0 - labelPad, b.x1 + labelPad, b.y1 + labelPad}
 }
 
 // box is a rectangle on the chart, in pixels.
@@ -379,6 +402,29 @@ func (r *Report) placeLabels(pts []point, obstacles []box) []label {
 	return out
 }
 
+// placeFirst returns the first of cands whose box stays inside within and
+// covers none of taken; failing that, the one that covers least.
+func placeFirst(cands []label, taken []box, within box) label {
+	best, bestCost := cands[0], math.Inf(1)
+	for _, l := range cands {
+		b := l.box()
+		cost := 0.0
+		for _, o := range taken {
+			cost += o.overlap(b)
+		}
+		if b.x0 < within.x0 || b.x1 > within.x1 || b.y0 < within.y0 || b.y1 > within.y1 {
+			cost += 1e6
+		}
+		if cost == 0 {
+			return l
+		}
+		if cost < bestCost {
+			best, bestCost = l, cost
+		}
+	}
+	return best
+}
+
 // hitsPoint reports whether b covers one of the points.
 func hitsPoint(b box, pts []point) bool {
 	for _, p := range pts {
@@ -392,12 +438,12 @@ func hitsPoint(b box, pts []point) bool {
 // near reports whether two points are drawn on top of each other.
 func near(a, b point) bool { return math.Hypot(a.x-b.x, a.y-b.y) < 4 }
 
-// wrap breaks s into lines of at most n characters, at spaces.
-func wrap(s string, n int) []string {
+// wrap breaks s into lines at most width pixels wide at size, at spaces.
+func wrap(s string, size int, width float64) []string {
 	var lines []string
 	var cur string
 	for _, w := range strings.Fields(s) {
-		if cur != "" && len([]rune(cur))+1+len([]rune(w)) > n {
+		if cur != "" && textWidth(cur+" "+w, size, false) > width {
 			lines = append(lines, cur)
 			cur = ""
 		}

@@ -79,41 +79,72 @@ func (r *Report) drawGaps(c *canvas) {
 		}
 	}
 
-	// The recommendation and its interval, behind the curves.
+	// The text drawn so far and below, which the labels placed in the
+	// plot must not cover.
+	var taken []box
+	fixed := func(l label) {
+		c.label(l)
+		taken = append(taken, l.box())
+	}
+	taken = append(taken, label{x: svgW / 2, y: gapTitleY, size: 16, anchor: "middle", weight: "bold",
+		text: "Retry gaps: how late requests come, and what keeping records that long costs"}.box())
+
+	// The recommendation and its interval, behind the curves; the
+	// tombstones of the recommended pair, after it.
+	var later []func()
 	if i := r.recommended(); i >= 0 {
 		if r.Resamples > 0 {
 			x0, x1 := xs.pos(float64(max(r.RetentionInterval[0], 1))), xs.pos(float64(max(r.RetentionInterval[1], 1)))
 			c.printf(`<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#e8f5e9"/>`+"\n", x0, gapT, max(x1-x0, 1), gapB-gapT)
 		}
+		later = append(later, r.drawTombstoneWindow(c, xs, &taken))
 		x := xs.pos(float64(r.Results[i].Retention))
 		c.printf(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#2e7d32" stroke-width="1.5" stroke-dasharray="5 3"/>`+"\n", x, gapT, x, gapB)
-		l := fmt.Sprintf("recommended %s", shortDuration(r.Results[i].Retention))
+		text := fmt.Sprintf("recommended %s", shortDuration(r.Results[i].Retention))
 		if r.Resamples > 0 {
-			l += fmt.Sprintf(" (95%%: %s–%s)", shortDuration(r.RetentionInterval[0]), shortDuration(r.RetentionInterval[1]))
+			text += fmt.Sprintf(" (95%%: %s–%s)", shortDuration(r.RetentionInterval[0]), shortDuration(r.RetentionInterval[1]))
 		}
-		anchor, dx := "start", 6.0
+		// Beside the line, on the side with more room, as high as the
+		// other labels leave free.
+		sides := []struct {
+			dx     float64
+			anchor string
+		}{{6, "start"}, {-6, "end"}}
 		if x > (plotL+gapR)/2 {
-			anchor, dx = "end", -6
+			sides[0], sides[1] = sides[1], sides[0]
 		}
-		c.text(int(x+dx), gapT+14, 11, anchor, "bold", "#2e7d32", l)
+		later = append(later, func() {
+			var cands []label
+			for dy := 14.0; dy < gapB-gapT; dy += 14 {
+				for _, sd := range sides {
+					cands = append(cands, label{x: x + sd.dx, y: gapT + dy, size: 11, anchor: sd.anchor, weight: "bold", color: "#2e7d32", text: text})
+				}
+			}
+			l := placeFirst(cands, taken, box{plotL, gapT, gapR, gapB})
+			c.label(l)
+			taken = append(taken, l.box())
+		})
 	}
 
 	// Grid and axes.
 	for _, t := range ss.ticks {
 		y := ss.pos(t.v)
 		c.printf(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", plotL, y, gapR, y)
-		c.text(plotL-8, int(y)+4, 11, "end", "", "#333", t.label)
+		fixed(label{x: plotL - 8, y: float64(int(y) + 4), size: 11, anchor: "end", color: "#333", text: t.label})
 	}
 	for _, t := range xs.ticks {
 		x := xs.pos(t.v)
 		c.printf(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, gapT, x, gapB)
 		c.printf(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#333"/>`+"\n", x, gapB, x, gapB+5)
-		c.text(int(x), gapB+19, 11, "middle", "", "#333", t.label)
+		fixed(label{x: float64(int(x)), y: gapB + 19, size: 11, anchor: "middle", color: "#333", text: t.label})
 	}
 	for _, t := range ms.ticks {
 		y := ms.pos(t.v)
 		c.printf(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e65100"/>`+"\n", gapR, y, gapR+5, y)
-		c.text(gapR+8, int(y)+4, 11, "start", "", "#e65100", t.label)
+		fixed(label{x: gapR + 8, y: float64(int(y) + 4), size: 11, anchor: "start", color: "#e65100", text: t.label})
+	}
+	for _, f := range later {
+		f()
 	}
 	c.printf(`<polyline points="%d,%d %d,%d %d,%d %d,%d" fill="none" stroke="#333"/>`+"\n", plotL, gapT, plotL, gapB, gapR, gapB, gapR, gapT)
 	c.text((plotL+gapR)/2, gapB+42, 13, "middle", "", "#222", "retention R (log scale)")
@@ -133,7 +164,16 @@ func (r *Report) drawGaps(c *canvas) {
 		c.printf(`<polyline class="survival" points="%s" fill="none" stroke="#1565c0" stroke-width="2"/>`+"\n", strings.Join(pts, " "))
 	}
 	// Gap percentiles on the curve; those that fall on one gap share a
-	// label.
+	// label, placed beside its point where no other text is.
+	var marks []point
+	for i := range gapQuantiles {
+		if d := r.Gaps.Quantiles[i]; float64(d) >= xs.lo && d > 0 {
+			marks = append(marks, point{xs.pos(float64(d)), ss.pos(max(1-gapQuantiles[i], slo))})
+		}
+	}
+	for _, p := range marks {
+		taken = append(taken, box{p.x - 4, p.y - 4, p.x + 4, p.y + 4})
+	}
 	for i := 0; i < len(gapQuantiles); {
 		d := r.Gaps.Quantiles[i]
 		j := i + 1
@@ -151,7 +191,19 @@ func (r *Report) drawGaps(c *canvas) {
 		}
 		x, y := xs.pos(float64(d)), ss.pos(max(1-q, slo))
 		c.printf(`<circle cx="%.1f" cy="%.1f" r="3" fill="#1565c0"/>`+"\n", x, y)
-		c.text(int(x)+6, int(y)-6, 10, "start", "", "#1565c0", strings.Join(names, ", ")+" "+shortDuration(roundGap(d)))
+		text := strings.Join(names, ", ") + " " + shortDuration(roundGap(d))
+		var cands []label
+		for _, dy := range []float64{-6, 14, -18, 26, -30, 38} {
+			for _, at := range []struct {
+				dx     float64
+				anchor string
+			}{{6, "start"}, {-6, "end"}} {
+				cands = append(cands, label{x: float64(int(x)) + at.dx, y: float64(int(y)) + dy, size: 10, anchor: at.anchor, color: "#1565c0", text: text})
+			}
+		}
+		l := placeFirst(cands, taken, box{plotL, gapT, gapR, gapB})
+		c.label(l)
+		taken = append(taken, l.box())
 	}
 
 	// Memory of each retention replayed.

@@ -105,7 +105,20 @@
 // recommended when it takes less memory than the span alone. Tombstones
 // live until the end of their bucket's time window, up to a quarter of
 // the span longer than asked: the model counts that in their memory and in
-// the retries they refuse, and does not count on it to meet -target.
+// the retries they refuse, and does not count on it to meet -target. The
+// chart draws the recommended pair as a point of its own, and its
+// tombstone window, from R to the span, on the gaps' time axis.
+//
+// # Ledger rows (idemsql, idempgx)
+//
+// With a ledger, a row gives a retry its receipt once Redis has no record
+// of the operation, so rows are kept as long as a retry may come. The
+// report recommends a Prune age from the same trace (ledger.go): the
+// longest of the recommended retention (Prune's documented floor), twice
+// the longest retry gap (the gaps' 100th percentile; a row is cheap) and a
+// day, rounded up to whole days; and says when the longest gap is half or
+// more of the time the trace covers, so that later retries may lie beyond
+// it. -json gives it as ledger_prune and ledger_prune_ms.
 //
 // # Time
 //

@@ -216,6 +216,11 @@ retries (refused requests) are at most -late-target per operation, and
 the pair is recommended when its peak memory, records plus tombstones of
 -tombstone-bytes each, is below the span's alone. Fast engine only.
 
+Ledger rows (idemsql, idempgx): the report recommends how long to keep
+them, Prune(ctx, time.Now().Add(-age)): the longest of the recommended
+retention, twice the trace's longest retry gap and a day, rounded up to
+whole days, so that every retry that may come finds its receipt.
+
 With -redis ADDR, time runs -time-scale times faster than the traffic's:
 retentions, the lease and the pauses between requests are divided by it,
 and ttlbench sleeps in real time; a scale that leaves the lease under 250ms

@@ -80,6 +80,8 @@ type Report struct {
 	// no retention was searched (see pairs.go).
 	TwoTier bool
 	Pairs   *pairStudy
+	// Ledger is how long to keep ledger rows (ledger.go).
+	Ledger ledgerAdvice
 }
 
 // survivalPoint is a point of the gaps' survival curve: the share of later
@@ -132,6 +134,7 @@ func NewReport(plan *Plan, a *analysis, results []Result, grid []time.Duration, 
 			r.Searched = i
 		}
 	}
+	r.Ledger = adviseLedger(r.Gaps.Max, max(searched, 0), plan.Span())
 	if bs != nil {
 		r.Resamples = bs.resamples
 		r.RetentionInterval = bs.retention
@@ -228,6 +231,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	b.WriteString("\n")
 	b.WriteString(r.verdict())
+	b.WriteString(r.Ledger.lines())
 	var long []string
 	for _, res := range r.Results {
 		if res.Retention > r.Arrivals {
@@ -412,6 +416,8 @@ type jsonSummary struct {
 		Resamples       int              `json:"resamples"`
 		Gaps            jsonGaps         `json:"gaps"`
 		SkippedKeyless  int              `json:"skipped_keyless"`
+		LedgerPrune     string           `json:"ledger_prune"`
+		LedgerPruneMS   int64            `json:"ledger_prune_ms"`
 		Pairs           *jsonPairSummary `json:"pairs,omitempty"`
 	} `json:"summary"`
 }
@@ -476,6 +482,7 @@ func (r *Report) WriteJSON(w io.Writer) error {
 			m.RetentionLowMS, m.RetentionHighMS = &lo, &hi
 		}
 	}
+	m.LedgerPrune, m.LedgerPruneMS = shortDuration(r.Ledger.Age), r.Ledger.Age.Milliseconds()
 	g := r.Gaps
 	m.Gaps = jsonGaps{Count: g.N, InProgress: g.InProgress, MaxMS: g.Max.Milliseconds()}
 	if len(g.Quantiles) == 4 {

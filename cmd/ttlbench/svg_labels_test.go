@@ -20,19 +20,20 @@ var webhookArgs = []string{"-trace", "testdata/webhooks.csv.gz"}
 // chartRuns are the runs whose charts are checked: the default workload
 // and every trace in testdata, with and without -tombstones.
 var chartRuns = map[string][]string{
-	"default":                 nil,
-	"default-tombstones":      {"-tombstones"},
-	"default-target":          {"-target", "0.001"},
-	"checkout":                checkoutArgs,
-	"checkout-tombstones":     append([]string{"-tombstones", "-late-target", "0.05"}, checkoutArgs...),
-	"redeliveries":            redeliveryArgs,
-	"redeliveries-target":     append([]string{"-target", "0.01"}, redeliveryArgs...),
-	"redeliveries-too-small":  append([]string{"-target", "0.001"}, redeliveryArgs...),
-	"redeliveries-tombstones": append([]string{"-tombstones", "-target", "0.01", "-late-target", "0.01"}, redeliveryArgs...),
-	"access":                  {"-trace", "testdata/access.csv", "-columns", "key=idempotency_key,time=time"},
-	"webhooks":                webhookArgs,
-	"webhooks-tombstones":     append([]string{"-tombstones"}, webhookArgs...),
-	"webhooks-target":         append([]string{"-target", "0.01"}, webhookArgs...),
+	"default":                           nil,
+	"default-tombstones":                {"-tombstones"},
+	"default-target":                    {"-target", "0.001"},
+	"checkout":                          checkoutArgs,
+	"checkout-tombstones":               append([]string{"-tombstones", "-late-target", "0.05"}, checkoutArgs...),
+	"redeliveries":                      redeliveryArgs,
+	"redeliveries-target":               append([]string{"-target", "0.01"}, redeliveryArgs...),
+	"redeliveries-too-small":            append([]string{"-target", "0.001"}, redeliveryArgs...),
+	"redeliveries-tombstones":           append([]string{"-tombstones", "-target", "0.01", "-late-target", "0.01"}, redeliveryArgs...),
+	"redeliveries-too-small-tombstones": append([]string{"-tombstones", "-target", "0.001"}, redeliveryArgs...),
+	"access":                            {"-trace", "testdata/access.csv", "-columns", "key=idempotency_key,time=time"},
+	"webhooks":                          webhookArgs,
+	"webhooks-tombstones":               append([]string{"-tombstones"}, webhookArgs...),
+	"webhooks-target":                   append([]string{"-target", "0.01"}, webhookArgs...),
 }
 
 // chart runs the command with args and -svg, and returns the chart.

@@ -124,3 +124,11 @@ func waitFor(t *testing.T, ctx context.Context, cond func() bool) {
 		}
 	}
 }
+
+// The relay writes the field that idemstream keys entries by when
+// WithKey is not given.
+func TestEventIDFieldIsIdemstreams(t *testing.T) {
+	if idemsql.EventIDField != idemstream.EventIDField {
+		t.Fatalf("idemsql.EventIDField %q, idemstream.EventIDField %q: relayed events would be keyed by their entry IDs", idemsql.EventIDField, idemstream.EventIDField)
+	}
+}

@@ -52,6 +52,20 @@ var (
 	ErrTooManyDeliveries = errors.New("idemstream: delivered too often without an outcome")
 )
 
+// EventIDField is the field that carries an event's id, unique per
+// published event: the outbox relays (idemsql.Relay, idempgx's) set it,
+// and without WithKey it is the entry's key.
+const EventIDField = "idem_event_id"
+
+// defaultKey is the key of an entry without WithKey: its EventIDField, if
+// it has a non-empty one, or else its ID.
+func defaultKey(m redis.XMessage) string {
+	if id, ok := m.Values[EventIDField].(string); ok && id != "" {
+		return id
+	}
+	return m.ID
+}
+
 // A Consumer is one member of a Redis Streams consumer group that runs
 // each entry's handler through an idem.Client. Create it with New; it
 // does nothing until Run.
@@ -93,7 +107,7 @@ func New(client *idem.Client, rdb redis.UniversalClient, stream, group, consumer
 	}
 	c := &Consumer{keys: client, rdb: rdb, stream: stream, group: group, name: consumer, cfg: cfg}
 	if cfg.key == nil {
-		c.cfg.key = func(m redis.XMessage) string { return m.ID }
+		c.cfg.key = defaultKey
 	}
 	c.scope = escapeName(stream) + "/" + escapeName(group) + "/"
 	if cfg.scope != nil {

@@ -99,3 +99,40 @@ func TestDefaultLoggerIsReadAtLogTime(t *testing.T) {
 		t.Errorf("logged to the default logger of New's time: %q", m)
 	}
 }
+
+// TestDefaultKeyIsTheEventID: without WithKey, an entry's key is its
+// EventIDField, as the outbox relays write it: an event relayed twice (a
+// relay killed between XADD and its delete) is handled once, while
+// entries without the field are keyed by their IDs.
+func TestDefaultKeyIsTheEventID(t *testing.T) {
+	addr := startRedis(t)
+	rdb := newClient(t, addr)
+	keys := newIdem(t, addr)
+	ctx := context.Background()
+	for _, values := range [][]any{
+		{idemstream.EventIDField, "evt-1", "order", "o-1"},
+		{idemstream.EventIDField, "evt-1", "order", "o-1"}, // relayed again
+		{"order", "o-2"},
+		{"order", "o-2"}, // no event id: another entry, another key
+	} {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "orders", Values: values}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var handled atomic.Int32
+	c := idemstream.New(keys, rdb, "orders", "billing", "c1", quiet)
+	r := start(t, c, func(context.Context, redis.XMessage) error { handled.Add(1); return nil })
+	eventually(t, 20*time.Second, "every entry finished", func() bool {
+		return handled.Load() >= 3 && pending(t, rdb, "orders", "billing") == 0
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := handled.Load(); n != 3 {
+		t.Errorf("handler ran %d times, want 3: evt-1 once, each o-2 entry once", n)
+	}
+	st, err := keys.Status(ctx, door.Key("orders/billing/", "evt-1"))
+	if err != nil || st.State != idem.StateDone {
+		t.Errorf("Status of evt-1's key: %+v, %v; want done", st, err)
+	}
+}

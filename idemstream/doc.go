@@ -16,9 +16,9 @@
 //
 // Run reads with XREADGROUP (creating the group with MKSTREAM if needed),
 // and hands each entry to a worker, which calls Do with the entry's key
-// (WithKey: by default its ID) and fingerprint (WithFingerprint: by
-// default its fields), after the scope (WithScope). Then, by what Do
-// returned (the rule is idem.Ack):
+// (WithKey: by default its EventIDField, else its ID) and fingerprint
+// (WithFingerprint: by default its fields), after the scope (WithScope).
+// Then, by what Do returned (the rule is idem.Ack):
 //
 //	nil, idem.Permanent, a replayed failure               → XACK
 //	the handler's other errors                            → again after a pause (WithBackoff), as one more delivery

@@ -67,8 +67,11 @@ func (c *config) problem(format string, args ...any) {
 // entry for which key returns "" is dead-lettered (ErrNoKey). The key
 // given to Do is door.Key(scope, key's result), the scheme every door
 // shares (see WithScope).
-// The default is the entry's ID: redeliveries of one entry are handled
-// once, but an event sent twice is handled twice.
+// The default is the entry's EventIDField when it has one (a string, as
+// the outbox relays of idemsql and idempgx write it: an event published
+// once and relayed twice is handled once), and else the entry's ID:
+// redeliveries of one entry are handled once, but an event sent twice is
+// handled twice.
 func WithKey(key func(redis.XMessage) string) Option {
 	return func(c *config) {
 		if key == nil {

@@ -77,6 +77,11 @@ const (
 	// call's own, Age the row's (Entry.Age). A conflict with the ledger's
 	// row is EventConflict.
 	EventLedgerReplayed
+	// EventParked: fn ran, and a checked step of it (StepChecked) is
+	// parked: its outcome is unknown. The claim was given back, nothing
+	// was stored, and every call gets ErrUnknownOutcome until an operator
+	// resolves the step (Resolve, ResolveNotApplied).
+	EventParked
 )
 
 var kindNames = [...]string{
@@ -94,6 +99,7 @@ var kindNames = [...]string{
 	EventLateRetry:   "late_retry",
 
 	EventLedgerReplayed: "ledger_replayed",
+	EventParked:         "parked",
 }
 
 // String returns the kind's name in snake case, such as "lease_lost",
@@ -112,10 +118,10 @@ func (k EventKind) Outcome() bool {
 }
 
 // Ran reports whether a call with outcome k ran fn: executed, failed,
-// released, lease lost or not recorded.
+// released, lease lost, not recorded or parked.
 func (k EventKind) Ran() bool {
 	switch k {
-	case EventExecuted, EventFailed, EventReleased, EventLeaseLost, EventNotRecorded:
+	case EventExecuted, EventFailed, EventReleased, EventLeaseLost, EventNotRecorded, EventParked:
 		return true
 	}
 	return false
@@ -210,8 +216,9 @@ func EventKeyDigest(secret []byte, key string) string {
 	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-// LogObserver returns an Observer that logs events to l: lost leases and
-// unrecorded outcomes at Error (fn acted and its outcome is not stored),
+// LogObserver returns an Observer that logs events to l: lost leases,
+// unrecorded outcomes and parked steps at Error (fn acted and its outcome
+// is not stored),
 // takeovers, errors, calls that ran out of wait and outcomes the ledger
 // decided (Redis had lost or not finished the record) at Warn, the rest at
 // Debug. Each record carries the kind, the key's digest, the attempt, the
@@ -228,7 +235,7 @@ type logObserver struct{ l *slog.Logger }
 func (o logObserver) Observe(ctx context.Context, e Event) {
 	level := slog.LevelDebug
 	switch e.Kind {
-	case EventLeaseLost, EventNotRecorded:
+	case EventLeaseLost, EventNotRecorded, EventParked:
 		level = slog.LevelError
 	case EventTookOver, EventError, EventInProgress, EventLedgerReplayed:
 		level = slog.LevelWarn

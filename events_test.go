@@ -449,7 +449,7 @@ func TestEventKindNames(t *testing.T) {
 			outcomes = append(outcomes, k.String())
 		}
 	}
-	want := "executed replayed conflict lease_lost released failed not_recorded in_progress error late_retry ledger_replayed"
+	want := "executed replayed conflict lease_lost released failed not_recorded in_progress error late_retry ledger_replayed parked"
 	if got := strings.Join(outcomes, " "); got != want {
 		t.Fatalf("outcomes %q, want %q", got, want)
 	}

@@ -356,7 +356,9 @@ func Do[T any](ctx context.Context, c *Client, key, fingerprint string, fn func(
 	mu.Lock()
 	mine, v0 := owned, own
 	mu.Unlock()
-	if mine {
+	if mine && !errors.Is(err, ErrParked) {
+		// fn's own value, with the error of its recording if any; not
+		// when a parked step left the outcome to an operator.
 		return v0, err
 	}
 	if err != nil {

@@ -111,6 +111,17 @@ func (cl *call) observeRelease(fctx context.Context) {
 	}
 }
 
+// observeParked notes that the attempt ends with a checked step parked:
+// the claim given back for an operator.
+func (cl *call) observeParked() {
+	st := cl.notes
+	if st == nil {
+		return
+	}
+	st.owned = time.Since(st.ownStart)
+	st.outcome = EventParked
+}
+
 // observeStored notes how recording fn's outcome ended: serr is the
 // error of complete, err fn's permanent failure or nil.
 func (cl *call) observeStored(serr, err error) {

@@ -99,8 +99,9 @@ func (cl *call) run(ctx context.Context, o *owning) (res []byte, err error) {
 
 // finish ends the attempt after run: with the outcome fn committed to the
 // ledger, or the one the ledger held before fn; with the claim given back
-// when nothing is to be recorded (the lookup failed, or fn failed
-// transiently); or by recording fn's outcome in Redis (store).
+// when nothing is to be recorded (a checked step is parked, the lookup
+// failed, or fn failed transiently); or by recording fn's outcome in
+// Redis (store).
 func (cl *call) finish(ctx context.Context, o *owning, res []byte, err error) ([]byte, bool, error) {
 	fctx, p := &o.fctx, o.fctx.pending
 	if p != nil {
@@ -115,6 +116,17 @@ func (cl *call) finish(ctx context.Context, o *owning, res []byte, err error) ([
 			// commit landed after all.
 			err = fmt.Errorf("idem: key %q: fn returned success, but its ledger commit did not complete: nothing is recorded, and the next call looks the ledger up", cl.key)
 		}
+	}
+	if perr := fctx.steps.parkedErr(); perr != nil && o.recorded.e == nil {
+		// A checked step is parked: the attempt ends unfinished, for an
+		// operator, whatever fn made of the step's error (returned it,
+		// wrapped it, or swallowed it and returned success).
+		if err != nil && !errors.Is(err, ErrUnknownOutcome) {
+			perr = errors.Join(perr, err)
+		}
+		cl.observeParked()
+		cl.release(ctx, false)
+		return nil, true, perr
 	}
 	switch {
 	case o.lerr != nil:

@@ -16,7 +16,8 @@ import (
 // (the bytes Client.Do returned; the typed Result decodes a Do[T]'s) with
 // its Status; for a stored failure, a *StoredError with
 // its Status (StateFailed); otherwise a nil result and a nil error, and the
-// Status says what the key is doing (in progress, released, absent). A
+// Status says what the key is doing (in progress, released, parked,
+// absent). A
 // client that gave up on a request learns from it whether the operation
 // happened, without creating a new one. It reads Redis only: with a
 // ledger, an outcome Redis has lost is not found here (the next Do with
@@ -36,6 +37,10 @@ func (c *Client) Result(ctx context.Context, key string) ([]byte, Status, error)
 	if st.State != StateDone && st.State != StateFailed {
 		if len(v) == 7 {
 			return nil, Status{}, fmt.Errorf("%w: key %q: a record returned for state %v", ErrCorrupt, key, st.State)
+		}
+		st, err = c.parked(ctx, key, st)
+		if err != nil {
+			return nil, Status{}, err
 		}
 		return nil, st, nil
 	}

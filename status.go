@@ -6,6 +6,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -26,6 +27,12 @@ const (
 	// StateReleased: the last attempt failed transiently; the next Do runs
 	// fn again with the next attempt number.
 	StateReleased
+	// StateParked: a checked step (StepChecked) could not be settled, and
+	// the operation is parked until an operator resolves the step
+	// (Status.Step names it; Resolve, ResolveNotApplied): every Do of the
+	// key returns an error matching ErrUnknownOutcome and ErrParked, and
+	// no attempt runs the step's act or check.
+	StateParked
 )
 
 // String returns the state's name.
@@ -41,6 +48,8 @@ func (s State) String() string {
 		return "failed"
 	case StateReleased:
 		return "released"
+	case StateParked:
+		return "parked"
 	}
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
@@ -62,6 +71,8 @@ type Status struct {
 	// used, its retention ended, and a call gets ErrLateRetry (with a
 	// ledger, the ledger's outcome when it holds one).
 	Tombstone bool
+	// Step names the parked step, for StateParked ("" otherwise).
+	Step string
 }
 
 // Status reports the state of key's record without changing it.
@@ -73,7 +84,35 @@ func (c *Client) Status(ctx context.Context, key string) (Status, error) {
 	if err != nil {
 		return Status{}, fmt.Errorf("idem: status of key %q: %w", key, err)
 	}
-	return parseStatus(key, v)
+	st, err := parseStatus(key, v)
+	if err != nil {
+		return Status{}, err
+	}
+	return c.parked(ctx, key, st)
+}
+
+// parked returns st as StateParked when key's operation is unfinished (in
+// progress or released) and one of its checked steps is parked: one more
+// read, of its checkpoints, for unfinished records only.
+func (c *Client) parked(ctx context.Context, key string, st Status) (Status, error) {
+	if st.State != StateInProgress && st.State != StateReleased {
+		return st, nil
+	}
+	cps, err := c.rdb.HGetAll(ctx, c.recordKey(key)+stepsSuffix).Result()
+	if err != nil {
+		return Status{}, fmt.Errorf("idem: status of key %q: reading its steps: %w", key, err)
+	}
+	names := make([]string, 0, 1)
+	for name, v := range cps {
+		if len(v) > 0 && v[0] == stepParked {
+			names = append(names, name)
+		}
+	}
+	if len(names) > 0 {
+		slices.Sort(names)
+		st.State, st.Step = StateParked, names[0]
+	}
+	return st, nil
 }
 
 // status runs lua/status.lua for key; withRecord asks for a finished

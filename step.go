@@ -179,11 +179,12 @@ type steps struct {
 
 	p *pending // the call's hold for Commit; nil without a ledger
 
-	mu    sync.Mutex
-	keys  []string            // guarded by mu; the record and its checkpoints, made by the first step
-	names map[string]struct{} // guarded by mu; the names used in this attempt
-	ended bool                // guarded by mu; fn returned
-	after error               // guarded by mu; the steps refused or failed after the commit
+	mu     sync.Mutex
+	keys   []string            // guarded by mu; the record and its checkpoints, made by the first step
+	names  map[string]struct{} // guarded by mu; the names used in this attempt
+	ended  bool                // guarded by mu; fn returned
+	after  error               // guarded by mu; the steps refused or failed after the commit
+	parked error               // guarded by mu; a checked step parked, or found parked, in this attempt
 }
 
 func (s *steps) init(c *Client, key, recordKey, token string, n int64, p *pending) {
@@ -211,6 +212,26 @@ func (s *steps) afterCommitErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.after
+}
+
+// notePark notes err, the error of a checked step parked (or found parked)
+// in this attempt, and returns it: the attempt ends parked whatever fn
+// returns (see parkedErr).
+func (s *steps) notePark(err error) error {
+	s.mu.Lock()
+	if s.parked == nil {
+		s.parked = err
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// parkedErr returns the error of the first checked step parked in this
+// attempt, or nil.
+func (s *steps) parkedErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.parked
 }
 
 // end notes that fn returned: later steps are refused.

@@ -188,7 +188,7 @@ func StepChecked[T any](ctx context.Context, name string,
 		}
 		return v, nil
 	case found[0] == stepParked:
-		return zero, &parkedError{key: s.key, name: name, why: "parked by an earlier attempt"}
+		return zero, s.notePark(&parkedError{key: s.key, name: name, why: "parked by an earlier attempt"})
 	case found[0] == stepIntent:
 		// An earlier attempt may have acted: ask before acting.
 		v, again, err := r.reconcile(ctx)
@@ -274,8 +274,8 @@ func (r *checked[T]) reconcile(ctx context.Context) (v T, again bool, err error)
 			if err := r.s.park(ctx, r.name); err != nil {
 				return zero, false, err
 			}
-			return zero, false, &parkedError{key: r.s.key, name: r.name,
-				why: fmt.Sprintf("%d checks over %v did not settle it (last: %s)", tries, r.cfg.reconcile, last)}
+			return zero, false, r.s.notePark(&parkedError{key: r.s.key, name: r.name,
+				why: fmt.Sprintf("%d checks over %v did not settle it (last: %s)", tries, r.cfg.reconcile, last)})
 		}
 		t := time.NewTimer(min(pause, max(time.Until(deadline), 0)))
 		select {

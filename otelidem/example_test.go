@@ -78,6 +78,7 @@ func Example_prometheus() {
 	// idem_calls_total{idem_outcome="lease_lost"} 0
 	// idem_calls_total{idem_outcome="ledger_replayed"} 0
 	// idem_calls_total{idem_outcome="not_recorded"} 0
+	// idem_calls_total{idem_outcome="parked"} 0
 	// idem_calls_total{idem_outcome="released"} 0
 	// idem_calls_total{idem_outcome="replayed"} 2
 }

@@ -18,7 +18,7 @@
 //
 //	idem.calls           counter    calls, by idem.outcome (executed, replayed, conflict,
 //	                                lease_lost, released, failed, not_recorded, in_progress, error,
-//	                                late_retry, ledger_replayed)
+//	                                late_retry, ledger_replayed, parked)
 //	idem.call.duration   histogram  seconds a call took, by idem.outcome
 //	idem.wait.duration   histogram  seconds a call waited for another owner (calls that waited)
 //	idem.owned.duration  histogram  seconds a call owned the key: fn's run time plus recording

@@ -234,10 +234,10 @@ func TestEveryKind(t *testing.T) {
 			t.Errorf("%v: calls %d, durations %d", k, sums["idem.calls/"+k.String()], hists["idem.call.duration/"+k.String()])
 		}
 	}
-	if sums["idem.takeovers/"] != 1 || sums["idem.lease_losses/"] != 1 || hists["idem.wait.duration/"] != 1 || hists["idem.owned.duration/"] != 5 {
+	if sums["idem.takeovers/"] != 1 || sums["idem.lease_losses/"] != 1 || hists["idem.wait.duration/"] != 1 || hists["idem.owned.duration/"] != 6 {
 		t.Errorf("sums %v, histograms %v", sums, hists)
 	}
-	if n != 13 {
+	if n != 14 {
 		t.Errorf("%d kinds", n)
 	}
 }

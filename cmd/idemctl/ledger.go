@@ -223,6 +223,8 @@ func nextCall(st idem.Status, tomb bool, lj ledgerJSON) string {
 		return "the next call replays the stored outcome"
 	case idem.StateReleased:
 		return fmt.Sprintf("the next call runs attempt %d", st.Attempt+1)
+	case idem.StateParked:
+		return fmt.Sprintf("every call gets idem.ErrUnknownOutcome (HTTP 409) until an operator settles step %q with idem.Resolve or ResolveNotApplied; then the next call runs attempt %d", st.Step, st.Attempt+1)
 	case idem.StateInProgress:
 		if time.Until(st.LeaseEnds) > 0 {
 			return "calls wait for the owner's outcome"

@@ -356,6 +356,7 @@ type statusJSON struct {
 	Scope     *string    `json:"scope,omitempty"` // -scope
 	Record    string     `json:"record"`
 	State     string     `json:"state"`
+	Step      string     `json:"step,omitempty"` // the parked step, for state "parked"
 	Attempt   int64      `json:"attempt"`
 	LeaseEnds *time.Time `json:"lease_ends,omitempty"`
 	LeaseLive bool       `json:"lease_live"`
@@ -401,7 +402,7 @@ func status(ctx context.Context, o options, rdb redis.UniversalClient, ldb *ledg
 }
 
 func describe(o options, key string, st idem.Status) statusJSON {
-	j := statusJSON{Key: key, Scope: o.scope, Record: recordKey(o.prefix, key), State: st.State.String(), Attempt: st.Attempt, Tombstone: st.Tombstone}
+	j := statusJSON{Key: key, Scope: o.scope, Record: recordKey(o.prefix, key), State: st.State.String(), Step: st.Step, Attempt: st.Attempt, Tombstone: st.Tombstone}
 	if !st.LeaseEnds.IsZero() {
 		t := st.LeaseEnds.UTC()
 		j.LeaseEnds = &t
@@ -420,6 +421,9 @@ func printStatus(out *printer, j statusJSON, st idem.Status) {
 		out.printf("scope:    %q (an HTTP request's key, as httpidem stores it for that principal)\n", *j.Scope)
 	}
 	out.printf("state:    %s\n", j.State)
+	if j.Step != "" {
+		out.printf("step:     %s (parked: its outcome is unknown)\n", j.Step)
+	}
 	if st.State == idem.StateAbsent {
 		if j.Tombstone {
 			out.printf("          no record, but a tombstone: the key was used and its retention ended\n")
@@ -432,7 +436,7 @@ func printStatus(out *printer, j statusJSON, st idem.Status) {
 	if j.LeaseEnds != nil {
 		left := time.Until(*j.LeaseEnds).Round(time.Millisecond)
 		switch {
-		case st.State == idem.StateReleased:
+		case st.State == idem.StateReleased, st.State == idem.StateParked:
 			out.printf("lease:    given back\n")
 		case left > 0:
 			out.printf("lease:    ends %s (in %v): its owner is running the operation\n", j.LeaseEnds.Format(time.RFC3339Nano), left)

@@ -60,12 +60,22 @@ const (
 	// (idem.VerdictUnknownOutcome). Do not start the operation again under
 	// a new key.
 	OutcomeUnknown Reason = "OUTCOME_UNKNOWN"
+	// KeyUnknown: a status check found no operation with the key (for
+	// this principal): never run, or its record's retention ended with no
+	// tombstone left.
+	KeyUnknown Reason = "KEY_UNKNOWN"
+	// NotFinished: a status check found the key's operation unfinished,
+	// with nothing stored: its last attempt failed transiently (the
+	// record is released), and the request, sent again with the key, runs
+	// it again.
+	NotFinished Reason = "NOT_FINISHED"
 )
 
 // Reasons lists every Reason, in the order of their declaration.
 var Reasons = []Reason{
 	KeyMissing, KeyInvalid, KeyReused, LateRetry, InProgress, BodyTooLarge, BadRequest,
 	Scope, NotStored, NotRecorded, RecordUnusable, Unavailable, Parked, OutcomeUnknown,
+	KeyUnknown, NotFinished,
 }
 
 var titles = map[Reason]string{
@@ -83,6 +93,8 @@ var titles = map[Reason]string{
 	Unavailable:    "Idempotency store unavailable",
 	Parked:         "Operation parked",
 	OutcomeUnknown: "Outcome unknown, under reconciliation",
+	KeyUnknown:     "No operation with this idempotency key",
+	NotFinished:    "Operation not finished",
 }
 
 // Title returns the reason's short, human-readable summary, the same for

@@ -186,6 +186,11 @@ var errTransient = errors.New("grpcidem: transient status, not stored")
 func (cl *call) answerOwner(err error) (any, error) {
 	switch {
 	case err == nil:
+	case errors.Is(err, idem.ErrParked):
+		// A checked step of the handler is parked: nothing is stored,
+		// whatever the handler answered; this call gets what every retry
+		// gets until an operator resolves the step.
+		return nil, cl.answerError(err)
 	case errors.Is(err, idem.ErrNotRecorded), errors.Is(err, idem.ErrLeaseLost):
 		cl.log(slog.LevelError, "grpcidem: the handler ran but its outcome was not recorded", err)
 		return nil, cl.s.fail(codes.Internal, ReasonNotRecorded,

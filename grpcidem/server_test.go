@@ -1158,3 +1158,32 @@ func TestStreamWithKeyRefused(t *testing.T) {
 	}()
 	grpcidem.StreamServerInterceptor(grpcidem.WithHeader("grpc-x"))
 }
+
+// A handler whose checked step is parked gets FailedPrecondition and
+// OUTCOME_UNKNOWN, even when it swallowed the step's error and answered
+// OK: nothing was stored, so its OK would be the one answer no retry
+// gets. Its retries get the same, without running act again.
+func TestParkedStepAnswersOutcomeUnknown(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		var acts atomic.Int64
+		h := func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+			_, err := idem.StepChecked(ctx, "charge",
+				func(context.Context) (string, error) { acts.Add(1); return "", idem.Ambiguous(errors.New("timeout")) },
+				func(context.Context) (string, idem.Check, error) { return "", idem.CheckUnknown, nil },
+				idem.SettleAfter(50*time.Millisecond), idem.ReconcileFor(200*time.Millisecond))
+			_ = err // swallowed
+			return mustStruct(map[string]any{"ok": true}), nil
+		}
+		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t))))
+		for i := range 2 {
+			a := invoke(cc, methodDebit, "parked", 1)
+			wantStatus(t, a, codes.FailedPrecondition, grpcidem.ReasonOutcomeUnknown)
+			if i == 0 && t.Failed() {
+				t.Fatalf("first call: %v", a.err)
+			}
+		}
+		if n := acts.Load(); n != 1 {
+			t.Errorf("act ran %d times, want 1", n)
+		}
+	})
+}

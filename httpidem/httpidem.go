@@ -43,11 +43,17 @@
 //	retry after a response too large to store     500     problem+json, ProblemNotStored
 //	the handler ran, its response not recorded    500     problem+json, ProblemNotRecorded
 //	operation parked (idem.ErrParked)             409     problem+json, ProblemParked
-//	outcome unknown (idem.ErrUnknownOutcome)      409     problem+json, ProblemOutcomeUnknown
+//	outcome unknown (idem.ErrUnknownOutcome:      409     problem+json, ProblemOutcomeUnknown
+//	  a checked step parked, even if the handler
+//	  answered otherwise)
 //	stored record unreadable                      500     problem+json, ProblemServerError
 //	Redis unreachable, Client closed, the record  503     problem+json, ProblemUnavailable, Retry-After
 //	  expired while waiting (idem.ErrExpired),
 //	  or another transient failure
+//
+// StatusHandler answers status checks: a GET with the key tells a client
+// what became of its request (the stored response, in progress, not
+// finished, parked, unknown), within its own scope.
 //
 // Problem bodies follow RFC 9457 (application/problem+json): a type URI, a
 // title, the status and a detail. The handler is never run without a
@@ -528,21 +534,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.next.ServeHTTP(w, r)
 		return
 	}
-	key, err := parseKey(values, m.cfg.maxKeyLen)
-	if err != nil {
-		m.fail(w, ProblemKeyInvalid, http.StatusBadRequest, "the "+m.cfg.header+" header "+err.Error())
+	key, ok := m.scopedKey(w, r, values)
+	if !ok {
 		return
-	}
-	var scope string
-	if m.cfg.scope != nil {
-		if scope, err = m.cfg.scope(r); err != nil {
-			var ch interface{ WWWAuthenticate() string }
-			if errors.As(err, &ch) && ch.WWWAuthenticate() != "" {
-				w.Header().Set("WWW-Authenticate", ch.WWWAuthenticate())
-			}
-			m.fail(w, ProblemScope, statusOf(err, http.StatusUnauthorized), err.Error())
-			return
-		}
 	}
 	body, err := readBody(r, m.cfg.maxBody)
 	if err != nil {
@@ -571,7 +565,6 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec           *recorder
 		decided, mine bool
 	)
-	key = ScopedKey(scope, key)
 	g := new(gate)
 	o, ok := m.detach(r, key, func(ctx context.Context) ([]byte, error) {
 		return m.c.Do(ctx, key, fp, func(ctx context.Context) ([]byte, error) {
@@ -634,6 +627,11 @@ func (m *middleware) answerOwner(w http.ResponseWriter, r *http.Request, key str
 	case errors.Is(err, idem.ErrTooLarge):
 		m.log(r, key, slog.LevelWarn, "httpidem: response not stored: larger than the Client's WithMaxResultSize; retries get 500", err)
 		rec.response().write(w, false)
+	case errors.Is(err, idem.ErrParked):
+		// A checked step of the handler is parked: nothing is stored,
+		// whatever it answered, and every retry gets this answer until an
+		// operator resolves the step.
+		m.answerError(w, r, key, err)
 	default:
 		m.log(r, key, slog.LevelError, "httpidem: the handler ran but its response was not recorded", err)
 		m.fail(w, ProblemNotRecorded, http.StatusInternalServerError,
@@ -659,6 +657,29 @@ func (m *middleware) answerCommitted(w http.ResponseWriter, r *http.Request, key
 	}
 	m.log(r, key, slog.LevelWarn, "httpidem: the handler wrote to its response after committing it (httpidem.Recorded); it gets what was committed", nil)
 	resp.write(w, false)
+}
+
+// scopedKey reads the key from the key header's values and the scope of
+// r's principal, and returns the key under which idem stores them; when
+// either is wrong, it answers r and returns ok false.
+func (m *middleware) scopedKey(w http.ResponseWriter, r *http.Request, values []string) (key string, ok bool) {
+	key, err := parseKey(values, m.cfg.maxKeyLen)
+	if err != nil {
+		m.fail(w, ProblemKeyInvalid, http.StatusBadRequest, "the "+m.cfg.header+" header "+err.Error())
+		return "", false
+	}
+	var scope string
+	if m.cfg.scope != nil {
+		if scope, err = m.cfg.scope(r); err != nil {
+			var ch interface{ WWWAuthenticate() string }
+			if errors.As(err, &ch) && ch.WWWAuthenticate() != "" {
+				w.Header().Set("WWW-Authenticate", ch.WWWAuthenticate())
+			}
+			m.fail(w, ProblemScope, statusOf(err, http.StatusUnauthorized), err.Error())
+			return "", false
+		}
+	}
+	return ScopedKey(scope, key), true
 }
 
 // answerError answers a request whose handler did not run here: the

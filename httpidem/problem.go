@@ -69,6 +69,13 @@ const (
 	// reconciliation by an operator (idem.ErrUnknownOutcome). The handler
 	// did not run; do not start the operation again under a new key.
 	ProblemOutcomeUnknown = problemBase + "ProblemOutcomeUnknown"
+	// ProblemKeyUnknown (404): a status check (StatusHandler) found no
+	// operation with the key for this principal.
+	ProblemKeyUnknown = problemBase + "ProblemKeyUnknown"
+	// ProblemNotFinished (409): a status check (StatusHandler) found the
+	// key's operation unfinished with nothing stored (its last attempt
+	// failed transiently): send the request again with the key.
+	ProblemNotFinished = problemBase + "ProblemNotFinished"
 )
 
 // problems maps each door.Reason to its problem type and status; titles
@@ -91,6 +98,8 @@ var problems = map[door.Reason]struct {
 	door.Unavailable:    {ProblemUnavailable, http.StatusServiceUnavailable},
 	door.Parked:         {ProblemParked, http.StatusConflict},
 	door.OutcomeUnknown: {ProblemOutcomeUnknown, http.StatusConflict},
+	door.KeyUnknown:     {ProblemKeyUnknown, http.StatusNotFound},
+	door.NotFinished:    {ProblemNotFinished, http.StatusConflict},
 }
 
 // titles are the problems' titles, one per type (RFC 9457, section 3.1.3).

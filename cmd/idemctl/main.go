@@ -73,6 +73,11 @@ Commands:
                operation again as attempt 1, or, when the ledger (-ledger)
                holds its outcome, get that outcome (idemctl never writes to
                the ledger)
+  resolve KEY  settle the parked checked step (idem.StepChecked) named by -step
+               of KEY's operation, after asking the provider what happened:
+               -not-applied (the effect did not happen: the next call runs the
+               step's act again) or -value JSON (it happened, with this value:
+               the next call resumes with it, without acting); needs -yes
   stats        scan every record under the prefix (SCAN, read-only): records
                by state, attempts above 1, value bytes (STRLEN), memory
                (MEMORY USAGE, sampled in large keyspaces), TTLs, the biggest
@@ -92,7 +97,7 @@ Exit status: 0 done (check: no problems); 1 failed (Redis unreachable or
 failing, a record that cannot be read, problems found by check, no record
 of KEY while records of it exist under another scope or prefix); 2 bad
 usage (unknown command or flag, missing or extra argument, malformed
--redis or -ledger, forget without -yes).
+-redis or -ledger, forget or resolve without -yes).
 
 Flags:
 `
@@ -105,6 +110,11 @@ type options struct {
 	json    bool
 	yes     bool
 	timeout time.Duration
+	// step, notApplied and value are resolve's: the parked step's name,
+	// and what happened (-not-applied, or -value, JSON).
+	step       string
+	notApplied bool
+	value      string
 	// ledger is -ledger, the DSN of the service's ledger ("": not looked
 	// at); ledgerTable its table (idemsql.WithTable).
 	ledger, ledgerTable string
@@ -153,7 +163,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.prefix, "prefix", "idem", "the `prefix` of idem's records (idem.WithPrefix)")
 	scope := fs.String("scope", "", "status, forget: KEY is an HTTP Idempotency-Key that httpidem stored for this `principal` (what WithScope returned; '' without WithScope)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
-	fs.BoolVar(&o.yes, "yes", false, "confirm forget")
+	fs.BoolVar(&o.yes, "yes", false, "confirm forget and resolve")
+	fs.StringVar(&o.step, "step", "", "resolve: the `name` of the parked step")
+	fs.BoolVar(&o.notApplied, "not-applied", false, "resolve: the step's effect did not happen (the next call acts again)")
+	fs.StringVar(&o.value, "value", "", "resolve: the step's effect happened, with this `JSON` value: a string (\"ch_123\"), number or boolean, of the step's type")
 	fs.StringVar(&o.ledger, "ledger", "", "status, forget: the `DSN` of the service's ledger (idemsql), read-only: postgres://user:password@host:port/db, mysql://user:password@host:port/db or sqlite:PATH; without it the ledger is not looked at")
 	fs.StringVar(&o.ledgerTable, "ledger-table", "idem_ledger", "status, forget: the ledger's `table` (idemsql.WithTable)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up status, forget and check after this `duration` (stats runs until done or interrupted)")
@@ -210,14 +223,14 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 
 func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("no command given: want status KEY, forget KEY, stats or check")
+		return usagef("no command given: want status KEY, forget KEY, resolve KEY, stats or check")
 	}
 	cmd, args := args[0], args[1:]
-	wantKey := cmd == "status" || cmd == "forget"
+	wantKey := cmd == "status" || cmd == "forget" || cmd == "resolve"
 	switch cmd {
-	case "status", "forget", "stats", "check":
+	case "status", "forget", "resolve", "stats", "check":
 	default:
-		return usagef("unknown command %q: want status KEY, forget KEY, stats or check", cmd)
+		return usagef("unknown command %q: want status KEY, forget KEY, resolve KEY, stats or check", cmd)
 	}
 	switch {
 	case wantKey && len(args) == 0:
@@ -234,6 +247,14 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return usagef("-ledger is read by status and forget; %s does not read the ledger", cmd)
 	case cmd == "forget" && !o.yes:
 		return usagef("forget deletes the record of %q: the next call with the key runs its operation again; add -yes to confirm (idemctl forget KEY -yes)", args[0])
+	case cmd != "resolve" && (o.step != "" || o.notApplied || o.value != ""):
+		return usagef("-step, -not-applied and -value are resolve's; %s does not take them", cmd)
+	case cmd == "resolve" && o.step == "":
+		return usagef("resolve needs the parked step's name: idemctl resolve KEY -step NAME (-not-applied | -value JSON) -yes")
+	case cmd == "resolve" && o.notApplied == (o.value != ""):
+		return usagef("resolve needs what happened, one of -not-applied (the effect did not happen) or -value JSON (it happened, with this value)")
+	case cmd == "resolve" && !o.yes:
+		return usagef("resolve tells the service what step %q of %q did, and it acts on it (acts again, or goes on as if it had acted); ask the provider first, then add -yes", o.step, args[0])
 	case o.prefix == "" || strings.ContainsAny(o.prefix, "{}"):
 		return usagef("-prefix %q: must be non-empty and without '{' or '}'", o.prefix)
 	case o.top < 0 || o.sample < 0 || o.batch < 1:
@@ -265,6 +286,8 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return status(ctx, o, rdb, ldb, args[0], out)
 	case "forget":
 		return forget(ctx, o, rdb, ldb, args[0], out)
+	case "resolve":
+		return resolve(ctx, o, rdb, args[0], out)
 	case "check":
 		return check(ctx, o, rdb, out)
 	}

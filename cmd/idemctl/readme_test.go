@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -69,10 +70,35 @@ func TestReadme(t *testing.T) {
 	}
 	rdb.Del(ctx, "idem:{debit-7}")
 
+	// A payment whose charge no check could settle: parked.
+	_, err = idem.Do(ctx, c, "payment-9", "", func(ctx context.Context) (string, error) {
+		return idem.StepChecked(ctx, "charge",
+			func(context.Context) (string, error) { return "", idem.Ambiguous(errors.New("timeout")) },
+			func(context.Context) (string, idem.Check, error) { return "", idem.CheckUnknown, nil },
+			idem.SettleAfter(50*time.Millisecond), idem.ReconcileFor(200*time.Millisecond))
+	})
+	if !errors.Is(err, idem.ErrUnknownOutcome) {
+		t.Fatalf("payment-9: %v, want parked", err)
+	}
+
 	bin := filepath.Dir(binary(t))
 	readmetest.Run(t, "README.md", readmetest.Options{
 		Dir:     dir,
 		Env:     []string{"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH")},
 		Replace: []string{"localhost:6379", srv.Addr()},
 	})
+
+	// What resolve told the service, the service does: the next call
+	// resumes with the operator's value, without acting.
+	v, err := idem.Do(ctx, c, "payment-9", "", func(ctx context.Context) (string, error) {
+		return idem.StepChecked(ctx, "charge",
+			func(context.Context) (string, error) { t.Error("act ran after resolve"); return "", nil },
+			func(context.Context) (string, idem.Check, error) {
+				t.Error("check ran after resolve")
+				return "", idem.CheckUnknown, nil
+			})
+	})
+	if err != nil || v != "ch_1234" {
+		t.Fatalf("payment-9 after idemctl resolve: %q, %v; want ch_1234", v, err)
+	}
 }

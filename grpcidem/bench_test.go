@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/grpcidem"
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -98,8 +99,8 @@ func BenchmarkInterceptor(b *testing.B) {
 // IDEM_REQUIRE_REDIS=1, else of a miniredis.
 func benchRedisAddr(b *testing.B) string {
 	b.Helper()
-	if _, err := exec.LookPath("redis-server"); err == nil || os.Getenv(requireEnv) == "1" {
-		return startRedis(b)
+	if _, err := exec.LookPath("redis-server"); err == nil || os.Getenv("IDEM_REQUIRE_REDIS") == "1" {
+		return redistest.Start(b, redistest.Config{}).Addr()
 	}
 	b.Logf("redis-server not found: the benchmark runs on miniredis")
 	return miniredis.RunT(b).Addr()

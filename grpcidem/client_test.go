@@ -73,7 +73,7 @@ func TestClientKeyPerCall(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		var s seen
-		addr := serve(t, &bank{debit: c.debit()}, s.interceptor, grpcidem.UnaryServerInterceptor(b.idem(t)))
+		addr := serve(t, &bank{debit: c.debit()}, s.interceptor, grpcidem.UnaryServerInterceptor(newIdem(t, b)))
 		cc := dial(t, addr, grpc.WithUnaryInterceptor(grpcidem.UnaryClientInterceptor()))
 		for range 2 {
 			if a := invoke(cc, methodDebit, "", 1); a.err != nil || a.replayed() {
@@ -121,7 +121,7 @@ func TestClientRetryPolicyKeepsKey(t *testing.T) {
 			return mustStruct(map[string]any{"attempt": a.Number}), nil
 		}
 		var s seen
-		addr := serve(t, &bank{debit: h}, s.interceptor, grpcidem.UnaryServerInterceptor(b.idem(t)))
+		addr := serve(t, &bank{debit: h}, s.interceptor, grpcidem.UnaryServerInterceptor(newIdem(t, b)))
 		cc := dial(t, addr, grpc.WithUnaryInterceptor(grpcidem.UnaryClientInterceptor()),
 			grpc.WithDefaultServiceConfig(retryPolicy))
 		a := invoke(cc, methodDebit, "", 1)
@@ -147,7 +147,7 @@ func TestClientRetryPolicyAfterInProgress(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		h, started, release := blocking(c.debit())
-		addr1 := serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t)))
+		addr1 := serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b)))
 		var once sync.Once
 		s := seen{onAnswer: func(err error) {
 			if grpcidem.Reason(err) == grpcidem.ReasonInProgress {
@@ -155,7 +155,7 @@ func TestClientRetryPolicyAfterInProgress(t *testing.T) {
 			}
 		}}
 		addr2 := serve(t, &bank{debit: h}, s.interceptor, grpcidem.UnaryServerInterceptor(
-			b.idem(t, idem.WithWait(50*time.Millisecond)), grpcidem.WithRetryAfter(time.Second)))
+			newIdem(t, b, idem.WithWait(50*time.Millisecond)), grpcidem.WithRetryAfter(time.Second)))
 
 		ctx := grpcidem.NewContext(context.Background(), "busy")
 		first := make(chan answer, 1)
@@ -200,7 +200,7 @@ func TestClientCallerRetriesKeepKey(t *testing.T) {
 			return inner(ctx, req)
 		}
 		var s seen
-		cc := dial(t, serve(t, &bank{debit: h}, s.interceptor, grpcidem.UnaryServerInterceptor(b.idem(t))),
+		cc := dial(t, serve(t, &bank{debit: h}, s.interceptor, grpcidem.UnaryServerInterceptor(newIdem(t, b))),
 			grpc.WithUnaryInterceptor(grpcidem.UnaryClientInterceptor()))
 		ctx := grpcidem.NewContext(context.Background(), "")
 		if k, ok := grpcidem.FromContext(ctx); ok || k != "" {
@@ -232,7 +232,7 @@ func TestClientCallerSetKeyKept(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		var s seen
-		cc := dial(t, serve(t, &bank{debit: c.debit()}, s.interceptor, grpcidem.UnaryServerInterceptor(b.idem(t))),
+		cc := dial(t, serve(t, &bank{debit: c.debit()}, s.interceptor, grpcidem.UnaryServerInterceptor(newIdem(t, b))),
 			grpc.WithUnaryInterceptor(grpcidem.UnaryClientInterceptor()))
 		invoke(cc, methodDebit, "mine", 1) // set in the outgoing metadata
 		invokeCtx(grpcidem.NewContext(context.Background(), "given"), cc, methodDebit, "", mustStruct(nil))
@@ -262,7 +262,7 @@ func TestClientOptions(t *testing.T) {
 			return h(ctx, req)
 		}
 		addr := serve(t, &bank{debit: c.debit(), refund: c.debit()}, record,
-			grpcidem.UnaryServerInterceptor(b.idem(t), grpcidem.WithHeader("x-op")))
+			grpcidem.UnaryServerInterceptor(newIdem(t, b), grpcidem.WithHeader("x-op")))
 		var n atomic.Int64
 		cc := dial(t, addr, grpc.WithUnaryInterceptor(grpcidem.UnaryClientInterceptor(
 			grpcidem.WithClientMethods(methodDebit),

@@ -32,7 +32,7 @@ func TestHandlerOutlivesTheDeadline(t *testing.T) {
 				return nil, status.Error(codes.Unavailable, "gave up")
 			}
 		}}
-		cc := dial(t, serve(t, b, grpcidem.UnaryServerInterceptor(be.idem(t), grpcidem.WithLogger(nil))))
+		cc := dial(t, serve(t, b, grpcidem.UnaryServerInterceptor(newIdem(t, be), grpcidem.WithLogger(nil))))
 		successes, first := 0, -1
 		for i := range 10 {
 			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
@@ -73,7 +73,7 @@ func TestHandlerTimeout(t *testing.T) {
 			ended <- fmt.Errorf("after %v: %w", time.Since(start), context.Cause(ctx))
 			return nil, status.Error(codes.Unavailable, "gave up")
 		}}
-		c := be.idem(t)
+		c := newIdem(t, be)
 		cc := dial(t, serve(t, b, grpcidem.UnaryServerInterceptor(c, grpcidem.WithLogger(nil), grpcidem.WithHandlerTimeout(time.Second))))
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		a := invokeCtx(ctx, cc, methodDebit, "k", mustStruct(map[string]any{"amount": 1}))
@@ -96,7 +96,7 @@ func TestHandlerTimeout(t *testing.T) {
 
 // WithHandlerTimeout must be positive.
 func TestHandlerTimeoutInvalid(t *testing.T) {
-	c := (&backend{addr: "127.0.0.1:1"}).idem(t)
+	c := newIdem(t, &backend{Addr: "127.0.0.1:1"})
 	for _, d := range []time.Duration{0, -time.Second} {
 		func() {
 			defer func() {

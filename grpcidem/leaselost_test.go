@@ -15,18 +15,18 @@ import (
 // instance's. The caller gets Internal, ReasonNotRecorded.
 func TestLeaseLostWhileTheHandlerRuns(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		if b.mr == nil {
+		if b.MR == nil {
 			t.Skip("needs miniredis's clock: on a real server the owner's renewals keep its lease")
 		}
 		const lease = 10 * time.Second
 		var first, second counter
 		h, started, release := blocking(first.debit())
-		cc1 := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithLease(lease), idem.WithStoreTimeout(300*time.Millisecond)))))
-		cc2 := dial(t, serve(t, &bank{debit: second.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithLease(lease)))))
+		cc1 := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithLease(lease), idem.WithStoreTimeout(300*time.Millisecond)))))
+		cc2 := dial(t, serve(t, &bank{debit: second.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithLease(lease)))))
 		got := make(chan answer, 1)
 		go func() { got <- invoke(cc1, methodDebit, "ll", 1) }()
 		<-started
-		b.advance(lease + time.Second) // the first instance's lease ends unrenewed
+		b.Advance(t, lease+time.Second) // the first instance's lease ends unrenewed
 		if a := invoke(cc2, methodDebit, "ll", 1); a.err != nil {
 			t.Fatalf("the takeover: %v", a.err)
 		}

@@ -137,7 +137,7 @@ func TestLedgerDebitExactlyOnce(t *testing.T) {
 		d := &ledgerDebit{a: a}
 		var ccs []*grpc.ClientConn
 		for range 4 {
-			ic := grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithLedger(a)))
+			ic := grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithLedger(a)))
 			ccs = append(ccs, dial(t, serve(t, &bank{debit: d.handler}, ic)))
 		}
 		first := invoke(ccs[0], methodDebit, "debit-1", 100)
@@ -145,13 +145,13 @@ func TestLedgerDebitExactlyOnce(t *testing.T) {
 			t.Fatalf("first: %v, replayed %v, %v", first.err, first.replayed(), first.resp)
 		}
 		sameAnswer(t, "retry", invoke(ccs[1], methodDebit, "debit-1", 100), first)
-		b.redis(t).FlushAll(context.Background())
+		b.Client(t).FlushAll(context.Background())
 		sameAnswer(t, "retry after FLUSHALL", invoke(ccs[2], methodDebit, "debit-1", 100), first)
 		if runs := d.runs.runs(); runs != 2 {
 			t.Errorf("handler ran %d times; want 2 (once more after FLUSHALL, rolled back)", runs)
 		}
 		for round := range 2 {
-			b.redis(t).FlushAll(context.Background())
+			b.Client(t).FlushAll(context.Background())
 			answers := make([]answer, 20)
 			var wg sync.WaitGroup
 			for i := range answers {
@@ -175,7 +175,7 @@ func TestLedgerConcurrentDuplicates(t *testing.T) {
 		d := &ledgerDebit{a: a}
 		var ccs []*grpc.ClientConn
 		for range 4 {
-			ic := grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithLedger(a)))
+			ic := grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithLedger(a)))
 			ccs = append(ccs, dial(t, serve(t, &bank{debit: d.handler}, ic)))
 		}
 		answers := make([]answer, 20)
@@ -216,12 +216,12 @@ func TestLedgerTwoLiveOwners(t *testing.T) {
 				<-proceed
 			}
 		}}
-		ccA := dial(t, serve(t, &bank{debit: d.handler}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithLedger(a)))))
-		ccB := dial(t, serve(t, &bank{debit: d.handler}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithLedger(a)))))
+		ccA := dial(t, serve(t, &bank{debit: d.handler}, grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithLedger(a)))))
+		ccB := dial(t, serve(t, &bank{debit: d.handler}, grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithLedger(a)))))
 		aDone := make(chan answer, 1)
 		go func() { aDone <- invoke(ccA, methodDebit, "debit-3", 5) }()
 		recv(t, started)
-		b.redis(t).Del(context.Background(), "idem:{0:debit-3}") // A's record is lost
+		b.Client(t).Del(context.Background(), "idem:{0:debit-3}") // A's record is lost
 		fromB := invoke(ccB, methodDebit, "debit-3", 5)
 		if fromB.err != nil || fromB.replayed() || fromB.field("receipt") != 2 {
 			t.Fatalf("B: %v, replayed %v, %v", fromB.err, fromB.replayed(), fromB.resp)
@@ -254,11 +254,11 @@ func TestRecordedIsTheStoredForm(t *testing.T) {
 			got, err = grpcidem.Recorded(ctx, resp)
 			return resp, err
 		}
-		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t))))
+		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b))))
 		if a := invoke(cc, methodDebit, "k", 1); a.err != nil {
 			t.Fatal(a.err)
 		}
-		record, err := b.redis(t).Get(context.Background(), "idem:{0:k}").Bytes()
+		record, err := b.Client(t).Get(context.Background(), "idem:{0:k}").Bytes()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -289,7 +289,7 @@ func TestRecordedOutsideTheInterceptor(t *testing.T) {
 			errs <- err
 			return mustStruct(nil), nil
 		}
-		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t))))
+		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b))))
 		invoke(cc, methodDebit, "", 1)
 		if err := recv(t, errs); !errors.Is(err, grpcidem.ErrNoInterceptor) {
 			t.Errorf("a call without a key: %v; want ErrNoInterceptor", err)
@@ -324,7 +324,7 @@ func TestLedgerCommittedResponseStands(t *testing.T) {
 			}
 			return nil, errors.New("after the commit")
 		}
-		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithLedger(a)),
+		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithLedger(a)),
 			grpcidem.WithLogger(nil))))
 		for _, amount := range []float64{1, 2} {
 			key := fmt.Sprint("k", amount)

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/grpcidem"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -33,69 +33,24 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// backend is one Redis the tests run against: miniredis, or a real
-// redis-server started for the test.
-type backend struct {
-	addr string
-	mr   *miniredis.Miniredis // nil for a real server
+// backend is one Redis the tests run against, as in the core's tests:
+// miniredis, or a real redis-server started for the test.
+type backend = idemtest.Backend
 
-	mu  sync.Mutex
-	now time.Time // miniredis's clock once advance moved it; guarded by mu
-}
-
-// eachBackend runs f against miniredis and against a real redis-server.
-// The real one is skipped when redis-server is not installed (and fails
-// then when IDEM_REQUIRE_REDIS=1).
+// eachBackend runs f against miniredis and against a real redis-server
+// (idemtest.EachBackend).
 func eachBackend(t *testing.T, f func(t *testing.T, b *backend)) {
 	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		mr := miniredis.RunT(t)
-		f(t, &backend{addr: mr.Addr(), mr: mr})
-	})
-	t.Run("redis", func(t *testing.T) {
-		f(t, &backend{addr: startRedis(t)})
-	})
+	idemtest.EachBackend(t, f)
 }
 
-// advance moves the backend's clock by d: miniredis's TTLs and TIME, or
-// the wall clock (a sleep) for a real server.
-func (b *backend) advance(d time.Duration) {
-	if b.mr == nil {
-		time.Sleep(d)
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.now.IsZero() {
-		b.now = time.Now()
-	}
-	b.now = b.now.Add(d)
-	b.mr.SetTime(b.now)
-	b.mr.FastForward(d)
-}
-
-// idem returns an idem.Client on a go-redis client of its own, as one
-// service instance would have, closed when the test ends.
-func (b *backend) idem(t testing.TB, opts ...idem.Option) *idem.Client {
+// newIdem returns an idem.Client of b on a go-redis client of its own, as
+// one service instance would have, closed when the test ends; miniredis
+// has no CONFIG GET, so idem's warning about it is discarded unless opts
+// give a logger.
+func newIdem(t testing.TB, b *backend, opts ...idem.Option) *idem.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: b.addr})
-	// miniredis has no CONFIG GET: idem's warning about it is noise here.
-	opts = append([]idem.Option{idem.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	c := idem.New(rdb, opts...)
-	t.Cleanup(func() {
-		_ = c.Close()
-		_ = rdb.Close()
-	})
-	return c
-}
-
-// redisClient returns a go-redis client of the backend, for the tests' own
-// commands, closed when the test ends.
-func (b *backend) redis(t testing.TB) *redis.Client {
-	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: b.addr})
-	t.Cleanup(func() { _ = rdb.Close() })
-	return rdb
+	return b.Idem(t, append([]idem.Option{idem.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 }
 
 // The test service, idemtest.Bank, written by hand (there is no protoc

@@ -58,7 +58,7 @@ func retryDelay(err error) time.Duration {
 func TestReplay(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		addr := serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t)))
+		addr := serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b)))
 		cc := dial(t, addr)
 
 		first := invoke(cc, methodDebit, "k-1", 100)
@@ -102,7 +102,7 @@ func TestReplay(t *testing.T) {
 // and gets the concrete type the handler returned.
 func TestReplayType(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		ic := grpcidem.UnaryServerInterceptor(b.idem(t))
+		ic := grpcidem.UnaryServerInterceptor(newIdem(t, b))
 		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(grpcidem.HeaderIdempotencyKey, "typed"))
 		info := &grpc.UnaryServerInfo{FullMethod: methodDebit}
 		var runs int
@@ -155,7 +155,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 		}
 		var addrs []string
 		for range 3 {
-			ic := grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithWait(20*time.Second)))
+			ic := grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithWait(20*time.Second)))
 			addrs = append(addrs, serve(t, &bank{debit: slow}, count, ic))
 		}
 		answers := make([]answer, n)
@@ -240,7 +240,7 @@ func TestLostResponse(t *testing.T) {
 			t.Fatal(err)
 		}
 		lossy := &conns{Listener: ln}
-		keys := b.idem(t)
+		keys := newIdem(t, b)
 		addr := serveOn(t, lossy, &bank{debit: h}, grpcidem.UnaryServerInterceptor(keys))
 
 		res := make(chan answer, 1)
@@ -304,7 +304,7 @@ func TestKeyReused(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		h, started, release := blocking(c.debit())
-		addr := serve(t, &bank{debit: h, refund: c.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t)))
+		addr := serve(t, &bank{debit: h, refund: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b)))
 		cc := dial(t, addr)
 		first := make(chan answer, 1)
 		go func() { first <- invoke(cc, methodDebit, "reuse", 100) }()
@@ -328,7 +328,7 @@ func TestKeyReused(t *testing.T) {
 func TestFingerprintIgnoresMapOrder(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t))))
+		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b))))
 		fields := []string{"amount", "account", "memo", "currency", "z", "a"}
 		for i := range 5 {
 			// A map built in another order each time: Go's map order varies,
@@ -362,8 +362,8 @@ func TestInProgress(t *testing.T) {
 		h, started, release := blocking(c.debit())
 		// Two instances, so that the duplicate asks Redis (not only the
 		// first call's flight in its process).
-		addr1 := serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t)))
-		addr2 := serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithWait(50*time.Millisecond)),
+		addr1 := serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b)))
+		addr2 := serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithWait(50*time.Millisecond)),
 			grpcidem.WithRetryAfter(2*time.Second)))
 		first := make(chan answer, 1)
 		go func() { first <- invoke(dial(t, addr1), methodDebit, "busy", 1) }()
@@ -395,9 +395,9 @@ func TestInProgress(t *testing.T) {
 func TestBadKeys(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		addr := serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t), grpcidem.WithMaxKeyLen(20)))
+		addr := serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b), grpcidem.WithMaxKeyLen(20)))
 		// A Client whose own key limit the scoped key outgrows.
-		short := serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithMaxKeyLen(10))))
+		short := serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithMaxKeyLen(10))))
 		cc := dial(t, addr)
 		for _, key := range []string{"with space", strings.Repeat("k", 21)} {
 			t.Run(key, func(t *testing.T) {
@@ -406,7 +406,7 @@ func TestBadKeys(t *testing.T) {
 		}
 		// Keys that gRPC's client refuses to send, given to the
 		// interceptor directly.
-		ic := grpcidem.UnaryServerInterceptor(b.idem(t))
+		ic := grpcidem.UnaryServerInterceptor(newIdem(t, b))
 		for _, key := range []string{"tab\there", "caf\u00e9", "nul\x00"} {
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(grpcidem.HeaderIdempotencyKey, key))
 			_, err := ic(ctx, mustStruct(nil), &grpc.UnaryServerInfo{FullMethod: methodDebit}, func(context.Context, any) (any, error) {
@@ -444,7 +444,7 @@ func TestRequiredAndMethods(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var debits, refunds counter
 		addr := serve(t, &bank{debit: debits.debit(), refund: refunds.debit()},
-			grpcidem.UnaryServerInterceptor(b.idem(t), grpcidem.WithRequired(), grpcidem.WithMethods(methodDebit)))
+			grpcidem.UnaryServerInterceptor(newIdem(t, b), grpcidem.WithRequired(), grpcidem.WithMethods(methodDebit)))
 		cc := dial(t, addr)
 		wantStatus(t, invoke(cc, methodDebit, "", 1), codes.InvalidArgument, grpcidem.ReasonKeyMissing)
 		if got := debits.runs(); got != 0 {
@@ -462,7 +462,7 @@ func TestRequiredAndMethods(t *testing.T) {
 			t.Errorf("refund ran %d times, want 4 (not handled)", got)
 		}
 		// Without WithRequired, a call without a key passes through.
-		addr2 := serve(t, &bank{debit: debits.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t)))
+		addr2 := serve(t, &bank{debit: debits.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b)))
 		cc2 := dial(t, addr2)
 		for range 2 {
 			if a := invoke(cc2, methodDebit, "", 1); a.err != nil || a.replayed() {
@@ -504,7 +504,7 @@ func TestErrorStatuses(t *testing.T) {
 			}
 			return ok(ctx, req)
 		}
-		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t))))
+		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b))))
 		call := func(key, kase string) answer {
 			return invokeCtx(context.Background(), cc, methodDebit, key, mustStruct(map[string]any{"case": kase}))
 		}
@@ -575,7 +575,7 @@ func TestWithDefiniteCodes(t *testing.T) {
 			return nil, status.Error(codes.NotFound, "no such account")
 		}
 		cc := dial(t, serve(t, &bank{debit: h},
-			grpcidem.UnaryServerInterceptor(b.idem(t), grpcidem.WithDefiniteCodes(codes.ResourceExhausted))))
+			grpcidem.UnaryServerInterceptor(newIdem(t, b), grpcidem.WithDefiniteCodes(codes.ResourceExhausted))))
 		for range 2 {
 			invoke(cc, methodDebit, "exhausted", 1)
 			invoke(cc, methodDebit, "notfound", 2)
@@ -612,7 +612,7 @@ func TestScope(t *testing.T) {
 				return u[0], nil
 			}
 		}
-		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t), grpcidem.WithScope(scope))))
+		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b), grpcidem.WithScope(scope))))
 		as := func(user, key string, amount float64) answer {
 			ctx := context.Background()
 			if user != "" {
@@ -660,7 +660,7 @@ func TestFingerprintOption(t *testing.T) {
 			}
 			return "same", nil // every request is the same one
 		}
-		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t), grpcidem.WithFingerprint(fp))))
+		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b), grpcidem.WithFingerprint(fp))))
 		wantStatus(t, invoke(cc, methodDebit, "f", -1), codes.InvalidArgument, grpcidem.ReasonBadRequest)
 		if a := invoke(cc, methodDebit, "f", -2); status.Code(a.err) != codes.OutOfRange {
 			t.Errorf("fingerprint's own status: %v, want OutOfRange", a.err)
@@ -677,7 +677,7 @@ func TestFingerprintOption(t *testing.T) {
 func TestStreamsPassThrough(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		bk := &bank{}
-		cc := dial(t, serve(t, bk, grpcidem.UnaryServerInterceptor(b.idem(t), grpcidem.WithRequired())),
+		cc := dial(t, serve(t, bk, grpcidem.UnaryServerInterceptor(newIdem(t, b), grpcidem.WithRequired())),
 			grpc.WithUnaryInterceptor(grpcidem.UnaryClientInterceptor()))
 		desc := &bankDesc.Streams[0]
 		for i, key := range []string{"s", "s", ""} {
@@ -738,7 +738,7 @@ func TestPanic(t *testing.T) {
 			}()
 			return h(ctx, req)
 		}
-		cc := dial(t, serve(t, &bank{debit: h}, recoverer, grpcidem.UnaryServerInterceptor(b.idem(t))))
+		cc := dial(t, serve(t, &bank{debit: h}, recoverer, grpcidem.UnaryServerInterceptor(newIdem(t, b))))
 		if a := invoke(cc, methodDebit, "panic", 1); status.Code(a.err) != codes.Internal {
 			t.Fatalf("first: %v, want the recoverer's Internal", a.err)
 		}
@@ -757,11 +757,11 @@ func TestRedisDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &backend{addr: ln.Addr().String()}
+	b := &backend{Addr: ln.Addr().String()}
 	ln.Close() // nothing listens there now
 	var c counter
 	var logs syncBuffer
-	cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t),
+	cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b),
 		grpcidem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))))
 	a := invoke(cc, methodDebit, "secret-key-42", 1)
 	wantStatus(t, a, codes.Unavailable, grpcidem.ReasonUnavailable)
@@ -784,13 +784,13 @@ func TestRedisDownLogsToSlogDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &backend{addr: ln.Addr().String()}
+	b := &backend{Addr: ln.Addr().String()}
 	ln.Close()
 	var logs syncBuffer
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
 	t.Cleanup(func() { slog.SetDefault(old) })
-	cc := dial(t, serve(t, &bank{}, grpcidem.UnaryServerInterceptor(b.idem(t))))
+	cc := dial(t, serve(t, &bank{}, grpcidem.UnaryServerInterceptor(newIdem(t, b))))
 	a := invoke(cc, methodDebit, "secret-key-43", 1)
 	wantStatus(t, a, codes.Unavailable, grpcidem.ReasonUnavailable)
 	if l := logs.String(); !strings.Contains(l, "grpcidem: cannot reach") || !strings.Contains(l, "key_digest=") || strings.Contains(l, "secret-key-43") {
@@ -802,7 +802,7 @@ func TestRedisDownLogsToSlogDefault(t *testing.T) {
 func TestClientClosed(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		keys := b.idem(t)
+		keys := newIdem(t, b)
 		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(keys)))
 		_ = keys.Close()
 		wantStatus(t, invoke(cc, methodDebit, "closed", 1), codes.Unavailable, grpcidem.ReasonUnavailable)
@@ -818,11 +818,11 @@ func TestClientClosed(t *testing.T) {
 func TestCorruptRecords(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		keys := b.idem(t)
+		keys := newIdem(t, b)
 		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(keys)))
 		ctx := context.Background()
 		// The record of key "garbage" with no scope ("0:" before the key).
-		if err := b.redis(t).Set(ctx, "idem:{0:garbage}", "not a record", 0).Err(); err != nil {
+		if err := b.Client(t).Set(ctx, "idem:{0:garbage}", "not a record", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
 		wantStatus(t, invoke(cc, methodDebit, "garbage", 1), codes.Internal, grpcidem.ReasonRecordUnusable)
@@ -855,10 +855,10 @@ func TestNotRecorded(t *testing.T) {
 		var c counter
 		inner := c.debit()
 		var down func()
-		if b.mr != nil {
-			down = b.mr.Close
+		if b.MR != nil {
+			down = b.MR.Close
 		} else {
-			rdb := b.redis(t)
+			rdb := b.Client(t)
 			down = func() { // every later write fails: Redis is out of memory
 				_ = rdb.ConfigSet(context.Background(), "maxmemory", "1").Err()
 			}
@@ -868,7 +868,7 @@ func TestNotRecorded(t *testing.T) {
 			return inner(ctx, req)
 		}
 		var logs syncBuffer
-		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithStoreTimeout(300*time.Millisecond)),
+		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithStoreTimeout(300*time.Millisecond)),
 			grpcidem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))))
 		wantStatus(t, invoke(cc, methodDebit, "nr", 1), codes.Internal, grpcidem.ReasonNotRecorded)
 		if got := c.runs(); got != 1 {
@@ -890,7 +890,7 @@ func TestTooLarge(t *testing.T) {
 			return mustStruct(map[string]any{"blob": strings.Repeat("x", 4096)}), nil
 		}
 		var logs syncBuffer
-		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t, idem.WithMaxResultSize(1024)),
+		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b, idem.WithMaxResultSize(1024)),
 			grpcidem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))))
 		first := invoke(cc, methodDebit, "big", 1)
 		if first.err != nil || len(first.resp.GetFields()["blob"].GetStringValue()) != 4096 {
@@ -912,7 +912,7 @@ func TestTooLarge(t *testing.T) {
 // caller gets it, retries get Internal ReasonNotStored.
 func TestResponseNotProto(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		ic := grpcidem.UnaryServerInterceptor(b.idem(t))
+		ic := grpcidem.UnaryServerInterceptor(newIdem(t, b))
 		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(grpcidem.HeaderIdempotencyKey, "np"))
 		info := &grpc.UnaryServerInfo{FullMethod: methodDebit}
 		runs := 0
@@ -955,7 +955,7 @@ func TestHandlerContext(t *testing.T) {
 			}
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
-		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t), grpcidem.WithHandlerTimeout(time.Second))))
+		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b), grpcidem.WithHandlerTimeout(time.Second))))
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan answer, 1)
 		go func() { done <- invokeCtx(ctx, cc, methodDebit, "ctx", mustStruct(nil)) }()
@@ -1016,7 +1016,7 @@ func TestOptionsPanic(t *testing.T) {
 func TestWithHeader(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(b.idem(t), grpcidem.WithHeader("X-Request-Key"))))
+		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b), grpcidem.WithHeader("X-Request-Key"))))
 		for range 2 {
 			ctx := metadata.AppendToOutgoingContext(context.Background(), "x-request-key", "h")
 			invokeCtx(ctx, cc, methodDebit, "", mustStruct(nil))
@@ -1052,12 +1052,12 @@ func TestLateRetry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		retention := time.Second
-		keys := b.idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(retention), idem.WithTombstones(time.Hour))
+		keys := newIdem(t, b, idem.WithLease(500*time.Millisecond), idem.WithRetention(retention), idem.WithTombstones(time.Hour))
 		cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(keys)))
 		if a := invoke(cc, methodDebit, "late", 1); a.err != nil {
 			t.Fatal(a.err)
 		}
-		b.advance(retention + 200*time.Millisecond)
+		b.Advance(t, retention+200*time.Millisecond)
 		if st, err := keys.Status(context.Background(), "0:late"); err != nil || st.State != idem.StateAbsent {
 			t.Fatalf("after the retention: %v %v, want the record gone", st.State, err)
 		}
@@ -1174,7 +1174,7 @@ func TestParkedStepAnswersOutcomeUnknown(t *testing.T) {
 			_ = err // swallowed
 			return mustStruct(map[string]any{"ok": true}), nil
 		}
-		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(b.idem(t))))
+		cc := dial(t, serve(t, &bank{debit: h}, grpcidem.UnaryServerInterceptor(newIdem(t, b))))
 		for i := range 2 {
 			a := invoke(cc, methodDebit, "parked", 1)
 			wantStatus(t, a, codes.FailedPrecondition, grpcidem.ReasonOutcomeUnknown)

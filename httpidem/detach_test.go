@@ -40,7 +40,7 @@ func (b *slowBank) handler() http.Handler {
 func TestHandlerOutlivesTheClient(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be *backend) {
 		var bk slowBank
-		srv := serve(t, httpidem.New(be.idem(t), httpidem.WithLogger(nil))(bk.handler()))
+		srv := serve(t, httpidem.New(be.Idem(t), httpidem.WithLogger(nil))(bk.handler()))
 		hc := httpClient(t)
 		hc.Timeout = 150 * time.Millisecond
 		successes, first := 0, -1
@@ -90,7 +90,7 @@ func TestDetachedHandlerBounds(t *testing.T) {
 			_, err := w.Write(make([]byte, 4096))
 			writes <- err
 		})
-		c := be.idem(t)
+		c := be.Idem(t)
 		srv := serve(t, httpidem.New(c, httpidem.WithLogger(nil), httpidem.WithMaxResponse(1024),
 			httpidem.WithHandlerTimeout(time.Second))(h))
 		hc := httpClient(t)
@@ -132,7 +132,7 @@ func TestDetachedHandlerBounds(t *testing.T) {
 
 // WithHandlerTimeout must be positive.
 func TestHandlerTimeoutInvalid(t *testing.T) {
-	c := (&backend{addr: "127.0.0.1:1"}).idem(t)
+	c := (&backend{Addr: "127.0.0.1:1"}).Idem(t)
 	for _, d := range []time.Duration{0, -time.Second} {
 		func() {
 			defer func() {

@@ -16,7 +16,7 @@ import (
 // WithScope logs once that keys are global.
 func TestPerUserHeadersWithoutScope(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		keys := b.idem(t)
+		keys := b.Idem(t)
 		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Add("Set-Cookie", "session=alice; Path=/")
 			w.Header().Add("Set-Cookie", "theme=dark")

@@ -27,9 +27,9 @@ func TestHostileRequests(t *testing.T) {
 		t.Skip("-short: hostile bodies take a few seconds under -race")
 	}
 	mr := miniredis.RunT(t)
-	b := &backend{name: "miniredis", addr: mr.Addr(), mr: mr}
+	b := &backend{Name: "miniredis", Addr: mr.Addr(), MR: mr}
 	var runs atomic.Int64
-	h := httpidem.New(b.idem(t))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := httpidem.New(b.Idem(t))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		w.WriteHeader(http.StatusCreated)
 	}))

@@ -28,7 +28,7 @@ import (
 func TestReplayByteForByte(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		srv := serve(t, httpidem.New(b.idem(t), httpidem.WithKeepHeaders("Set-Cookie"))(c.debit()))
+		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithKeepHeaders("Set-Cookie"))(c.debit()))
 		hc := httpClient(t)
 		q := req{key: "k-1", body: `{"account":"A","amount":100}`}
 
@@ -120,7 +120,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 		}
 		var urls []string
 		for range 3 {
-			mw := httpidem.New(b.idem(t, idem.WithWait(20*time.Second)))
+			mw := httpidem.New(b.Idem(t, idem.WithWait(20*time.Second)))
 			urls = append(urls, serve(t, count(mw(slow))).URL)
 		}
 		answers := make([]answer, n)
@@ -164,7 +164,7 @@ func TestLostResponse(t *testing.T) {
 		var c counter
 		var lose atomic.Bool
 		lose.Store(true)
-		mw := httpidem.New(b.idem(t))(c.debit())
+		mw := httpidem.New(b.Idem(t))(c.debit())
 		lossy := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !lose.Swap(false) {
 				mw.ServeHTTP(w, r)
@@ -238,7 +238,7 @@ func TestKeyReused(t *testing.T) {
 			<-release
 			inner.ServeHTTP(w, r)
 		})
-		srv := serve(t, httpidem.New(b.idem(t))(h))
+		srv := serve(t, httpidem.New(b.Idem(t))(h))
 		hc := httpClient(t)
 		first := make(chan answer, 1)
 		go func() {
@@ -271,7 +271,7 @@ func TestKeyReused(t *testing.T) {
 func TestJSONKeyOrder(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		srv := serve(t, httpidem.New(b.idem(t))(c.debit()))
+		srv := serve(t, httpidem.New(b.Idem(t))(c.debit()))
 		hc := httpClient(t)
 		first := send(t, hc, srv.URL, req{key: "order", body: `{"account":"A","amount":100}`})
 		for _, body := range []string{
@@ -307,8 +307,8 @@ func TestInProgress(t *testing.T) {
 		})
 		// Two instances, so that the duplicate asks Redis (not only the
 		// first request's flight in its process).
-		srv1 := serve(t, httpidem.New(b.idem(t))(h))
-		srv2 := serve(t, httpidem.New(b.idem(t, idem.WithWait(50*time.Millisecond)), httpidem.WithRetryAfter(2*time.Second))(h))
+		srv1 := serve(t, httpidem.New(b.Idem(t))(h))
+		srv2 := serve(t, httpidem.New(b.Idem(t, idem.WithWait(50*time.Millisecond)), httpidem.WithRetryAfter(2*time.Second))(h))
 		first := make(chan answer, 1)
 		go func() {
 			a, _ := trySend(httpClient(t), srv1.URL, req{key: "busy", body: `{}`})
@@ -339,7 +339,7 @@ func TestInProgress(t *testing.T) {
 func TestBadKeys(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		keys := b.idem(t)
+		keys := b.Idem(t)
 		srv := serve(t, httpidem.New(keys)(c.debit()))
 		required := serve(t, httpidem.New(keys, httpidem.WithRequired())(c.debit()))
 		hc := httpClient(t)
@@ -397,8 +397,8 @@ func TestBadKeys(t *testing.T) {
 func TestOtherMethodsPassThrough(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		srv := serve(t, httpidem.New(b.idem(t))(c.debit()))
-		putSrv := serve(t, httpidem.New(b.idem(t), httpidem.WithMethods(http.MethodPut))(c.debit()))
+		srv := serve(t, httpidem.New(b.Idem(t))(c.debit()))
+		putSrv := serve(t, httpidem.New(b.Idem(t), httpidem.WithMethods(http.MethodPut))(c.debit()))
 		hc := httpClient(t)
 		for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
 			for range 2 {
@@ -423,7 +423,7 @@ func TestOtherMethodsPassThrough(t *testing.T) {
 func TestBodyTooLarge(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		srv := serve(t, httpidem.New(b.idem(t), httpidem.WithMaxBody(10))(c.debit()))
+		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithMaxBody(10))(c.debit()))
 		hc := httpClient(t)
 		wantProblem(t, send(t, hc, srv.URL, req{key: "big", body: "12345678901"}), http.StatusRequestEntityTooLarge, httpidem.ProblemBodyTooLarge)
 		// Without a Content-Length (chunked), the limit still holds.
@@ -461,7 +461,7 @@ func TestServerErrorNotStored(t *testing.T) {
 			}
 			inner.ServeHTTP(w, r)
 		})
-		srv := serve(t, httpidem.New(b.idem(t))(h))
+		srv := serve(t, httpidem.New(b.Idem(t))(h))
 		hc := httpClient(t)
 		q := req{key: "5xx", body: `{"amount":1}`}
 		a := send(t, hc, srv.URL, q)
@@ -498,7 +498,7 @@ func TestPanic(t *testing.T) {
 			}
 			inner.ServeHTTP(w, r)
 		})
-		mw := httpidem.New(b.idem(t))(h)
+		mw := httpidem.New(b.Idem(t))(h)
 		// Sees the panic on its way to the server, and lets it go on.
 		watch := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			defer func() {
@@ -544,7 +544,7 @@ func TestScope(t *testing.T) {
 				return u, nil
 			}
 		}
-		srv := serve(t, httpidem.New(b.idem(t), httpidem.WithScope(scope))(c.debit()))
+		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithScope(scope))(c.debit()))
 		hc := httpClient(t)
 		as := func(user, body string) answer {
 			return send(t, hc, srv.URL, req{key: "k", body: body, header: http.Header{"X-User": {user}}})
@@ -592,7 +592,7 @@ func TestLargeResponse(t *testing.T) {
 			}
 		})
 		var logs syncBuffer
-		mw := httpidem.New(b.idem(t), httpidem.WithMaxResponse(2500), httpidem.WithLogger(slogTo(&logs)))
+		mw := httpidem.New(b.Idem(t), httpidem.WithMaxResponse(2500), httpidem.WithLogger(slogTo(&logs)))
 		srv := serve(t, mw(h))
 		hc := httpClient(t)
 		a := send(t, hc, srv.URL, req{key: "large", ctype: "text/plain"})
@@ -636,7 +636,7 @@ func TestHijackRefused(t *testing.T) {
 			_, _, got = http.NewResponseController(w).Hijack()
 			w.WriteHeader(http.StatusAccepted)
 		})
-		srv := serve(t, httpidem.New(b.idem(t))(h))
+		srv := serve(t, httpidem.New(b.Idem(t))(h))
 		if a := send(t, httpClient(t), srv.URL, req{key: "hj"}); a.status != http.StatusAccepted {
 			t.Errorf("status %d, want 202", a.status)
 		}
@@ -670,7 +670,7 @@ func TestResponseDetails(t *testing.T) {
 				next.ServeHTTP(w, r)
 			})
 		}
-		srv := serve(t, outer(httpidem.New(b.idem(t))(h)))
+		srv := serve(t, outer(httpidem.New(b.Idem(t))(h)))
 		hc := httpClient(t)
 		for i, want := range []bool{false, true} {
 			a := send(t, hc, srv.URL, req{key: "204", header: http.Header{"X-Request-Id": {itoa(i)}}})
@@ -695,9 +695,9 @@ func TestRedisDown(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	b := &backend{name: "closed port", addr: addr}
+	b := &backend{Name: "closed port", Addr: addr}
 	var c counter
-	srv := serve(t, httpidem.New(b.idem(t))(c.debit()))
+	srv := serve(t, httpidem.New(b.Idem(t))(c.debit()))
 	a := send(t, httpClient(t), srv.URL, req{key: "down", body: `{}`})
 	wantProblem(t, a, http.StatusServiceUnavailable, httpidem.ProblemUnavailable)
 	if a.header.Get("Retry-After") != "1" {
@@ -713,7 +713,7 @@ func TestRedisDown(t *testing.T) {
 func TestCorruptRecords(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		keys := b.idem(t)
+		keys := b.Idem(t)
 		srv := serve(t, httpidem.New(keys)(c.debit()))
 		hc := httpClient(t)
 		rdb := redisClient(t, b)
@@ -741,8 +741,8 @@ func TestNotRecorded(t *testing.T) {
 		var c counter
 		inner := c.debit()
 		var down func()
-		if b.mr != nil {
-			down = b.mr.Close
+		if b.MR != nil {
+			down = b.MR.Close
 		} else {
 			rdb := redisClient(t, b)
 			down = func() { // every later write fails: Redis is out of memory
@@ -754,7 +754,7 @@ func TestNotRecorded(t *testing.T) {
 			inner.ServeHTTP(w, r)
 		})
 		var logs syncBuffer
-		srv := serve(t, httpidem.New(b.idem(t, idem.WithStoreTimeout(300*time.Millisecond)), httpidem.WithLogger(slogTo(&logs)))(h))
+		srv := serve(t, httpidem.New(b.Idem(t, idem.WithStoreTimeout(300*time.Millisecond)), httpidem.WithLogger(slogTo(&logs)))(h))
 		a := send(t, httpClient(t), srv.URL, req{key: "nr", body: `{}`})
 		wantProblem(t, a, http.StatusInternalServerError, httpidem.ProblemNotRecorded)
 		if got := c.runs(); got != 1 {
@@ -775,7 +775,7 @@ func TestAttemptInContext(t *testing.T) {
 			a, _ := idem.AttemptFrom(r.Context())
 			got <- a
 		})
-		srv := serve(t, httpidem.New(b.idem(t), httpidem.WithScope(func(*http.Request) (string, error) { return "u1", nil }))(h))
+		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithScope(func(*http.Request) (string, error) { return "u1", nil }))(h))
 		send(t, httpClient(t), srv.URL, req{key: "ctx"})
 		if a := recv(t, got); a.Number != 1 || a.Key != "2:u1ctx" {
 			t.Errorf("attempt %+v, want number 1 and key 2:u1ctx", a)
@@ -797,7 +797,7 @@ func TestFingerprintOption(t *testing.T) {
 			v, _ := url.ParseQuery(string(body))
 			return v.Get("account"), nil
 		}
-		srv := serve(t, httpidem.New(b.idem(t), httpidem.WithFingerprint(fp))(c.debit()))
+		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithFingerprint(fp))(c.debit()))
 		hc := httpClient(t)
 		form := "application/x-www-form-urlencoded"
 		first := send(t, hc, srv.URL, req{key: "f", ctype: form, body: "account=A&note=1"})
@@ -817,7 +817,7 @@ func TestFingerprintOption(t *testing.T) {
 func TestWithRecorder(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		h := httpidem.New(b.idem(t))(c.debit())
+		h := httpidem.New(b.Idem(t))(c.debit())
 		var bodies []string
 		for range 2 {
 			r := httptest.NewRequest(http.MethodPost, "/debits", strings.NewReader(`{"x":1}`))
@@ -838,8 +838,8 @@ func TestWithRecorder(t *testing.T) {
 
 // Invalid options are programming errors.
 func TestNewPanics(t *testing.T) {
-	mr := &backend{addr: "127.0.0.1:1"}
-	keys := mr.idem(t)
+	mr := &backend{Addr: "127.0.0.1:1"}
+	keys := mr.Idem(t)
 	for name, f := range map[string]func(){
 		"nil client":       func() { httpidem.New(nil) },
 		"no methods":       func() { httpidem.New(keys, httpidem.WithMethods()) },
@@ -873,7 +873,7 @@ func TestNewPanics(t *testing.T) {
 func TestWithHeader(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		srv := serve(t, httpidem.New(b.idem(t), httpidem.WithHeader("x-request-key"))(c.debit()))
+		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithHeader("x-request-key"))(c.debit()))
 		hc := httpClient(t)
 		for range 2 {
 			send(t, hc, srv.URL, req{noKey: true, header: http.Header{"X-Request-Key": {"hk"}}})

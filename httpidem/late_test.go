@@ -11,38 +11,21 @@ import (
 	"github.com/idem-go/idem/httpidem"
 )
 
-// advance lets d pass for the backend's TTLs: miniredis's clock (its TTLs
-// and TIME, which the tombstone scripts read, from *now) moves at once; a
-// real server's is waited for.
-func (b *backend) advance(now *time.Time, d time.Duration) {
-	if b.mr == nil {
-		time.Sleep(d)
-		return
-	}
-	*now = now.Add(d)
-	b.mr.SetTime(*now)
-	b.mr.FastForward(d)
-}
-
 // A retry after the retention, with tombstones, gets 410 ProblemLateRetry,
 // and the handler does not run again; the same key with another request
 // gets 422 as before (docs/faults.md row 42).
 func TestLateRetry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		now := time.Now()
-		if b.mr != nil {
-			b.mr.SetTime(now)
-		}
 		var c counter
 		retention := time.Second
-		keys := b.idem(t, idem.WithLogger(slog.New(slog.DiscardHandler)), idem.WithLease(500*time.Millisecond), idem.WithRetention(retention), idem.WithTombstones(time.Hour))
+		keys := b.Idem(t, idem.WithLogger(slog.New(slog.DiscardHandler)), idem.WithLease(500*time.Millisecond), idem.WithRetention(retention), idem.WithTombstones(time.Hour))
 		srv := serve(t, httpidem.New(keys)(c.debit()))
 		hc := httpClient(t)
 		q := req{key: "late", body: `{"amount":100}`}
 		if a := send(t, hc, srv.URL, q); a.status != http.StatusCreated {
 			t.Fatalf("first: %d %s", a.status, a.body)
 		}
-		b.advance(&now, retention+200*time.Millisecond)
+		b.Advance(t, retention+200*time.Millisecond) // miniredis: at once; a real server: waited for
 		a := send(t, hc, srv.URL, q)
 		wantProblem(t, a, http.StatusGone, httpidem.ProblemLateRetry)
 		if cc := a.header.Get("Cache-Control"); cc != "no-store" {

@@ -143,7 +143,7 @@ func TestLedgerDebitExactlyOnce(t *testing.T) {
 		h := &debitHandler{bank: bk}
 		var srvs []string
 		for range 4 {
-			c := b.idem(t, idem.WithLedger(bk))
+			c := b.Idem(t, idem.WithLedger(bk))
 			srvs = append(srvs, serve(t, httpidem.New(c)(h)).URL)
 		}
 		hc := httpClient(t)
@@ -190,7 +190,7 @@ func TestLedgerConcurrentDuplicates(t *testing.T) {
 		h := &debitHandler{bank: bk}
 		var srvs []string
 		for range 4 {
-			c := b.idem(t, idem.WithLedger(bk))
+			c := b.Idem(t, idem.WithLedger(bk))
 			srvs = append(srvs, serve(t, httpidem.New(c)(h)).URL)
 		}
 		hc := httpClient(t)
@@ -241,8 +241,8 @@ func TestLedgerTwoLiveOwners(t *testing.T) {
 				}
 			},
 		}
-		srvA := serve(t, httpidem.New(b.idem(t, idem.WithLedger(bk)))(h))
-		srvB := serve(t, httpidem.New(b.idem(t, idem.WithLedger(bk)))(h))
+		srvA := serve(t, httpidem.New(b.Idem(t, idem.WithLedger(bk)))(h))
+		srvB := serve(t, httpidem.New(b.Idem(t, idem.WithLedger(bk)))(h))
 		hc := httpClient(t)
 		q := req{key: "debit-3", body: `{"Amount":5}`}
 		aDone := make(chan answer, 1)
@@ -280,7 +280,7 @@ func TestRecordedIsTheStoredForm(t *testing.T) {
 				t.Error(err)
 			}
 		})
-		srv := serve(t, httpidem.New(b.idem(t))(h))
+		srv := serve(t, httpidem.New(b.Idem(t))(h))
 		if a := send(t, httpClient(t), srv.URL, req{key: "k"}); a.status != http.StatusAccepted {
 			t.Fatalf("status %d", a.status)
 		}
@@ -341,7 +341,7 @@ func TestRecordedOutsideTheMiddleware(t *testing.T) {
 			got, err := httpidem.Recorded(ww)
 			results <- result{len(got), err}
 		})
-		srv := serve(t, httpidem.New(b.idem(t), httpidem.WithMaxResponse(1024))(h))
+		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithMaxResponse(1024))(h))
 		hc := httpClient(t)
 		for _, tc := range []struct {
 			q       req
@@ -389,7 +389,7 @@ func TestLedgerCommittedResponseStands(t *testing.T) {
 				_, _ = io.WriteString(w, " and more")
 			}
 		})
-		srv := serve(t, httpidem.New(b.idem(t, idem.WithLedger(bk)), httpidem.WithLogger(nil))(h))
+		srv := serve(t, httpidem.New(b.Idem(t, idem.WithLedger(bk)), httpidem.WithLogger(nil))(h))
 		hc := httpClient(t)
 		first := send(t, hc, srv.URL, req{key: "k", body: "one"})
 		if first.status != http.StatusOK || first.body != "one" || first.replayed() {

@@ -16,8 +16,8 @@ import (
 // on a middleware limit the Client would refuse, and the middleware's
 // defaults follow the Client's.
 func TestLimitsFitTheClient(t *testing.T) {
-	b := &backend{addr: miniredis.RunT(t).Addr()}
-	small := b.idem(t, idem.WithMaxResultSize(1000), idem.WithMaxKeyLen(40))
+	b := &backend{Addr: miniredis.RunT(t).Addr()}
+	small := b.Idem(t, idem.WithMaxResultSize(1000), idem.WithMaxKeyLen(40))
 	for name, tc := range map[string]struct {
 		f    func()
 		says []string
@@ -26,7 +26,7 @@ func TestLimitsFitTheClient(t *testing.T) {
 			[]string{"WithMaxResponse(2000)", "WithMaxResultSize(1000)"}},
 		"key over the Client's": {func() { httpidem.New(small, httpidem.WithMaxKeyLen(39)) },
 			[]string{"WithMaxKeyLen(39)", "WithMaxKeyLen(40)", "at most 38"}},
-		"no room for a key": {func() { httpidem.New(b.idem(t, idem.WithMaxKeyLen(2))) },
+		"no room for a key": {func() { httpidem.New(b.Idem(t, idem.WithMaxKeyLen(2))) },
 			[]string{"WithMaxKeyLen(2) leaves no room"}},
 	} {
 		func() {
@@ -72,7 +72,7 @@ func TestLimitsFitTheClient(t *testing.T) {
 // challenge in WWW-Authenticate; any error with a WWWAuthenticate method
 // does too.
 func TestUnauthenticatedChallenge(t *testing.T) {
-	b := &backend{addr: miniredis.RunT(t).Addr()}
+	b := &backend{Addr: miniredis.RunT(t).Addr()}
 	scope := func(r *http.Request) (string, error) {
 		switch r.Header.Get("Authorization") {
 		case "":
@@ -83,7 +83,7 @@ func TestUnauthenticatedChallenge(t *testing.T) {
 		return "", errors.New("unknown token")
 	}
 	var c counter
-	srv := serve(t, httpidem.New(b.idem(t), httpidem.WithScope(scope))(c.debit()))
+	srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithScope(scope))(c.debit()))
 	hc := httpClient(t)
 	a := send(t, hc, srv.URL, req{key: "k", body: `{}`})
 	wantProblem(t, a, http.StatusUnauthorized, httpidem.ProblemScope)

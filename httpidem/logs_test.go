@@ -19,7 +19,7 @@ func TestLogsNeverNameTheKey(t *testing.T) {
 	const key = "secret-order-77"
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var logs syncBuffer
-		keys := b.idem(t)
+		keys := b.Idem(t)
 		srv := serve(t, httpidem.New(keys, httpidem.WithLogger(slogTo(&logs)))(http.NotFoundHandler()))
 		ctx := context.Background()
 		if _, err := keys.Do(ctx, "0:"+key, "", func(context.Context) ([]byte, error) { return []byte("not a response"), nil }); err != nil {
@@ -35,10 +35,10 @@ func TestLogsNeverNameTheKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	down := &backend{name: "closed port", addr: ln.Addr().String()}
+	down := &backend{Name: "closed port", Addr: ln.Addr().String()}
 	ln.Close()
 	var logs syncBuffer
-	srv := serve(t, httpidem.New(down.idem(t), httpidem.WithLogger(slogTo(&logs)))(http.NotFoundHandler()))
+	srv := serve(t, httpidem.New(down.Idem(t), httpidem.WithLogger(slogTo(&logs)))(http.NotFoundHandler()))
 	wantProblem(t, send(t, httpClient(t), srv.URL, req{key: key, body: `{}`}), http.StatusServiceUnavailable, httpidem.ProblemUnavailable)
 	if got := logs.String(); !strings.Contains(got, "cannot reach") || !strings.Contains(got, "key_digest=") || strings.Contains(got, key) {
 		t.Errorf("log %q: want Redis unreachable with the key's digest, not the key", got)
@@ -57,9 +57,9 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	down := &backend{name: "closed port", addr: ln.Addr().String()}
+	down := &backend{Name: "closed port", Addr: ln.Addr().String()}
 	ln.Close()
-	srv := serve(t, httpidem.New(down.idem(t, idem.WithLogger(slog.New(slog.DiscardHandler))))(http.NotFoundHandler()))
+	srv := serve(t, httpidem.New(down.Idem(t, idem.WithLogger(slog.New(slog.DiscardHandler))))(http.NotFoundHandler()))
 	wantProblem(t, send(t, httpClient(t), srv.URL, req{key: "k-1", body: `{}`}), http.StatusServiceUnavailable, httpidem.ProblemUnavailable)
 	if got := logs.String(); !strings.Contains(got, "level=ERROR") || !strings.Contains(got, "cannot reach the idempotency store") {
 		t.Errorf("slog.Default got %q; want the outage at ERROR", got)

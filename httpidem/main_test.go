@@ -16,10 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/httpidem"
-	"github.com/idem-go/idem/internal/redistest"
+	"github.com/idem-go/idem/internal/idemtest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
@@ -36,40 +35,15 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// backend is one Redis the tests run against: miniredis, or a real
-// redis-server started for the test.
-type backend struct {
-	name string
-	addr string
-	mr   *miniredis.Miniredis // nil for a real server
-}
+// backend is one Redis the tests run against, as in every package's
+// tests: miniredis, or a real redis-server started for the test.
+type backend = idemtest.Backend
 
-// eachBackend runs f against miniredis and against a real redis-server.
-// The real one is skipped when redis-server is not installed (and fails
-// then when IDEM_REQUIRE_REDIS=1).
+// eachBackend runs f against miniredis and against a real redis-server
+// (idemtest.EachBackend).
 func eachBackend(t *testing.T, f func(t *testing.T, b *backend)) {
 	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		mr := miniredis.RunT(t)
-		f(t, &backend{name: "miniredis", addr: mr.Addr(), mr: mr})
-	})
-	t.Run("redis", func(t *testing.T) {
-		srv := redistest.Start(t, redistest.Config{})
-		f(t, &backend{name: "redis", addr: srv.Addr()})
-	})
-}
-
-// idem returns an idem.Client on a go-redis client of its own, as one
-// service instance would have, closed when the test ends.
-func (b *backend) idem(t testing.TB, opts ...idem.Option) *idem.Client {
-	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: b.addr})
-	c := idem.New(rdb, opts...)
-	t.Cleanup(func() {
-		_ = c.Close()
-		_ = rdb.Close()
-	})
-	return c
+	idemtest.EachBackend(t, f)
 }
 
 // serve starts a real HTTP server with h, closed when the test ends. The
@@ -185,9 +159,7 @@ func quote(b []byte) string { return strconv.Quote(string(b)) }
 // commands, closed when the test ends.
 func redisClient(t testing.TB, b *backend) *redis.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: b.addr})
-	t.Cleanup(func() { _ = rdb.Close() })
-	return rdb
+	return b.Client(t)
 }
 
 // slogTo returns a logger that writes text lines to w.

@@ -13,7 +13,7 @@ import (
 func TestKeyReusedWithLargeNumbers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
-		srv := serve(t, httpidem.New(b.idem(t))(c.debit()))
+		srv := serve(t, httpidem.New(b.Idem(t))(c.debit()))
 		hc := httpClient(t)
 		if a := send(t, hc, srv.URL, req{key: "big", body: `{"amount":9007199254740993}`}); a.status != http.StatusCreated {
 			t.Fatalf("first: %d %s", a.status, a.body)

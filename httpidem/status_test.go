@@ -18,7 +18,7 @@ import (
 // refused; the handler never runs for a check.
 func TestStatusHandler(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		keys := b.idem(t, idem.WithLogger(nil))
+		keys := b.Idem(t, idem.WithLogger(nil))
 		var c counter
 		release := make(chan struct{})
 		inner := c.debit()

@@ -31,7 +31,7 @@ func TestTransportEmptyKeyIsNoKey(t *testing.T) {
 	}
 	eachBackend(t, func(t *testing.T, b *backend) {
 		p, srv, hc := startProvider(t, nil)
-		c := b.idem(t)
+		c := b.Idem(t)
 		_, err := idem.Do(context.Background(), c, "k", "", func(ctx context.Context) (int, error) {
 			return idem.Step(ctx, "charge", func(ctx context.Context) (int, error) {
 				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("x"))
@@ -58,7 +58,7 @@ func TestTransportEmptyKeyIsNoKey(t *testing.T) {
 func TestTransportOwnKeySentOnceInsideDo(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		p, srv, hc := startProvider(t, nil, status(503), status(503), status(503))
-		c := b.idem(t)
+		c := b.Idem(t)
 		_, err := idem.Do(context.Background(), c, "k", "", func(ctx context.Context) (int, error) {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("own"))
 			req.Header.Set("Idempotency-Key", "mine")

@@ -112,7 +112,7 @@ var keyHeader = regexp.MustCompile(`^"idem-[a-z2-7]+"$`)
 func TestTransportStampsStepKey(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		p, srv, hc := startProvider(t, nil)
-		c := b.idem(t)
+		c := b.Idem(t)
 		ctx := context.Background()
 		var keys []string
 		fn := func(ctx context.Context) (string, error) {
@@ -153,7 +153,7 @@ func TestTransportStampsStepKey(t *testing.T) {
 func TestTransportInsideDo(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		p, srv, hc := startProvider(t, nil)
-		c := b.idem(t)
+		c := b.Idem(t)
 		_, err := idem.Do(context.Background(), c, "k", "", func(ctx context.Context) (int, error) {
 			if _, _, err := post(t, hc, httpidem.WithStep(ctx, "refund"), srv.URL, "named"); err != nil {
 				return 0, err

@@ -19,7 +19,7 @@ import (
 type config struct {
 	work      Workload
 	trace     string // file of recorded requests, or "-" for stdin; replaces work
-	format    TraceFormat
+	format    traceFormat
 	columns   string // -columns, parsed into format
 	timeUnit  string // -time-unit, parsed into format
 	opts      Options

@@ -121,7 +121,7 @@ func study(ctx context.Context, cfg *config, plan *Plan, prog *progress) (*Repor
 		b := a.bootstrapKeys(policies, cfg.target, cfg.resamples, cfg.work.Seed)
 		bs = &b
 	}
-	rep := NewReport(plan, a, results, grid, searched, bs, cfg)
+	rep := newReport(plan, a, results, grid, searched, bs, cfg)
 	if cfg.tombstones && searched >= 0 {
 		prog.phase("replaying with tombstones", "requests", 0)
 		opts.Progress = &prog.Done

@@ -91,9 +91,9 @@ type survivalPoint struct {
 	Share float64
 }
 
-// NewReport builds the report of a run of plan; results must be in
+// newReport builds the report of a run of plan; results must be in
 // ascending order of retention and include the searched one (-1: none).
-func NewReport(plan *Plan, a *analysis, results []Result, grid []time.Duration, searched time.Duration, bs *bootstrap, cfg *config) *Report {
+func newReport(plan *Plan, a *analysis, results []Result, grid []time.Duration, searched time.Duration, bs *bootstrap, cfg *config) *Report {
 	opts := cfg.opts
 	r := &Report{
 		Workload: plan.Source,

@@ -192,7 +192,7 @@ func readTrace(t *testing.T, trace, engine string) *Plan {
 		f[1] = strconv.FormatInt(1_700_000_000_000+ms, 10)
 		b.WriteString(strings.Join(f, ",") + "\n")
 	}
-	p, err := ReadTrace(context.Background(), strings.NewReader(b.String()), TraceFormat{KeepKeys: engine == engineReal})
+	p, err := ReadTrace(context.Background(), strings.NewReader(b.String()), traceFormat{KeepKeys: engine == engineReal})
 	if err != nil {
 		t.Fatal(err)
 	}

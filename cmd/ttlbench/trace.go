@@ -32,14 +32,14 @@ const maxLine = 1 << 20
 // keeps, for the report.
 const maxKeylessLines = 5
 
-// A TraceError is a line of a trace that cannot be read.
-type TraceError struct {
+// A traceError is a line of a trace that cannot be read.
+type traceError struct {
 	Line int // from 1; 0 when the error is not about one line
 	Err  error
 }
 
 // Error returns "line N: what is wrong".
-func (e *TraceError) Error() string {
+func (e *traceError) Error() string {
 	if e.Line == 0 {
 		return e.Err.Error()
 	}
@@ -47,7 +47,7 @@ func (e *TraceError) Error() string {
 }
 
 // Unwrap returns the underlying error.
-func (e *TraceError) Unwrap() error { return e.Err }
+func (e *traceError) Unwrap() error { return e.Err }
 
 // The roles of a trace's columns.
 const (
@@ -79,8 +79,8 @@ var headerHints = [nCols][]string{
 	{"duration", "latency", "elapsed"},
 }
 
-// A TraceFormat says how to read a trace.
-type TraceFormat struct {
+// A traceFormat says how to read a trace.
+type traceFormat struct {
 	// Columns maps roles (key, time, fingerprint, duration) to the names
 	// of the header's columns: the first line is then a header, and the
 	// named columns are read, the others ignored. Without it, a first line
@@ -221,7 +221,7 @@ var (
 // engines need is kept, about 21 bytes a request and 22 a key while
 // reading (the key is kept as a 96-bit hash, see keyTable, and the
 // fingerprint as a 64-bit one), never the lines themselves.
-func ReadTrace(ctx context.Context, r io.Reader, f TraceFormat) (*Plan, error) {
+func ReadTrace(ctx context.Context, r io.Reader, f traceFormat) (*Plan, error) {
 	if f.TimeUnit == 0 {
 		f.TimeUnit = time.Millisecond
 	}
@@ -254,7 +254,7 @@ func ReadTrace(ctx context.Context, r io.Reader, f TraceFormat) (*Plan, error) {
 				long = append(long, b...)
 			}
 			if len(long) > maxLine {
-				return nil, &TraceError{Line: line, Err: fmt.Errorf("longer than %d bytes", maxLine)}
+				return nil, &traceError{Line: line, Err: fmt.Errorf("longer than %d bytes", maxLine)}
 			}
 			b = long
 		}
@@ -271,7 +271,7 @@ func ReadTrace(ctx context.Context, r io.Reader, f TraceFormat) (*Plan, error) {
 			break
 		}
 		if err != nil {
-			return nil, &TraceError{Line: line, Err: fmt.Errorf("read: %w", err)}
+			return nil, &traceError{Line: line, Err: fmt.Errorf("read: %w", err)}
 		}
 	}
 	return rd.plan()
@@ -291,7 +291,7 @@ func decompress(r io.Reader, progress *atomic.Int64) (io.ReadCloser, error) {
 	}
 	zr, err := gzip.NewReader(br)
 	if err != nil {
-		return nil, &TraceError{Err: fmt.Errorf("gzip: %w", err)}
+		return nil, &traceError{Err: fmt.Errorf("gzip: %w", err)}
 	}
 	return newPrefetcher(zr), nil
 }
@@ -390,7 +390,7 @@ func (p *prefetcher) Close() error {
 
 // traceReader holds what ReadTrace has read so far.
 type traceReader struct {
-	f          TraceFormat
+	f          traceFormat
 	header     bool       // the next data line is the header
 	cols       [nCols]int // the column of each role; -1 when absent
 	width      int        // fields in the header, when there is one
@@ -423,7 +423,7 @@ func (rd *traceReader) line(n int, b []byte) error {
 		}
 	}
 	bad := func(format string, args ...any) error {
-		return &TraceError{Line: n, Err: fmt.Errorf(format, args...)}
+		return &traceError{Line: n, Err: fmt.Errorf(format, args...)}
 	}
 	fields, err := rd.split(b)
 	if err != nil {
@@ -507,7 +507,7 @@ func (rd *traceReader) line(n int, b []byte) error {
 		if n == rd.minLine {
 			far, near = rd.minLine, rd.maxLine
 		}
-		return &TraceError{Line: far, Err: fmt.Errorf("time is more than %s from that of line %d", shortDuration(maxDelay), near)}
+		return &traceError{Line: far, Err: fmt.Errorf("time is more than %s from that of line %d", shortDuration(maxDelay), near)}
 	}
 	if len(p.At) >= math.MaxInt32 {
 		return bad("more than %d requests", math.MaxInt32)
@@ -528,7 +528,7 @@ func (rd *traceReader) line(n int, b []byte) error {
 // when n is the first data line and no header was read: a CSV whose
 // header does not start with "key" fails there.
 func (rd *traceReader) headerHint(n int, err error) error {
-	var te *TraceError
+	var te *traceError
 	if rd.f.Columns != nil || rd.width != 0 || n != rd.firstLine || !errors.As(err, &te) {
 		return err
 	}
@@ -560,7 +560,7 @@ func (rd *traceReader) headerHint(n int, err error) error {
 		}
 		suggest = "-columns " + strings.Join(pairs, ",")
 	}
-	return &TraceError{Line: te.Line, Err: fmt.Errorf("%w\n  if line %d is a header (%s), name the columns to read: %s",
+	return &traceError{Line: te.Line, Err: fmt.Errorf("%w\n  if line %d is a header (%s), name the columns to read: %s",
 		te.Err, n, strings.Join(rd.firstFields, ","), suggest)}
 }
 
@@ -582,7 +582,7 @@ func (rd *traceReader) readHeader(n int, fields [][]byte) error {
 			}
 			i := slices.Index(names, want)
 			if i < 0 {
-				return &TraceError{Line: n, Err: fmt.Errorf("-columns: the header has no column %q for the %s (it has %s)",
+				return &traceError{Line: n, Err: fmt.Errorf("-columns: the header has no column %q for the %s (it has %s)",
 					want, colNames[role], strings.Join(names, ", "))}
 			}
 			rd.cols[role] = i
@@ -596,7 +596,7 @@ func (rd *traceReader) readHeader(n int, fields [][]byte) error {
 		}
 	}
 	if rd.cols[colKey] < 0 || rd.cols[colTime] < 0 {
-		return &TraceError{Line: n, Err: fmt.Errorf("the header (%s) names no time column: name it with -columns key=NAME,time=NAME",
+		return &traceError{Line: n, Err: fmt.Errorf("the header (%s) names no time column: name it with -columns key=NAME,time=NAME",
 			strings.Join(names, ", "))}
 	}
 	return nil

@@ -23,7 +23,7 @@ a,1700000000000
   a,1700000002000
 b,1700000001000,fp-other
 `
-	p, err := ReadTrace(context.Background(), strings.NewReader(in), TraceFormat{KeepKeys: true})
+	p, err := ReadTrace(context.Background(), strings.NewReader(in), traceFormat{KeepKeys: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,19 +70,19 @@ func TestTraceFormats(t *testing.T) {
 	rfc := "a,2023-11-14T22:13:20Z,x\nb,2023-11-14T22:13:20.25Z\na,2023-11-15T00:15:20+02:01,x\n"
 	for _, tc := range []struct {
 		name, in string
-		f        TraceFormat
+		f        traceFormat
 	}{
-		{"unix ms", base, TraceFormat{}},
-		{"unix s", "a,1700000000,x\nb,1700000000.25\na,1700000060,x\n", TraceFormat{TimeUnit: time.Second}},
-		{"unix us", "a,1700000000000000,x\nb,1700000000250000\na,1700000060000000,x\n", TraceFormat{TimeUnit: time.Microsecond}},
-		{"unix ns", "a,1700000000000000000,x\nb,1700000000250000000\na,1700000060000000000,x\n", TraceFormat{TimeUnit: time.Nanosecond}},
-		{"rfc 3339", rfc, TraceFormat{TimeUnit: time.Second}},
-		{"crlf", strings.ReplaceAll(base, "\n", "\r\n"), TraceFormat{}},
-		{"header", "key,unix_ms,fingerprint\n" + base, TraceFormat{}},
+		{"unix ms", base, traceFormat{}},
+		{"unix s", "a,1700000000,x\nb,1700000000.25\na,1700000060,x\n", traceFormat{TimeUnit: time.Second}},
+		{"unix us", "a,1700000000000000,x\nb,1700000000250000\na,1700000060000000,x\n", traceFormat{TimeUnit: time.Microsecond}},
+		{"unix ns", "a,1700000000000000000,x\nb,1700000000250000000\na,1700000060000000000,x\n", traceFormat{TimeUnit: time.Nanosecond}},
+		{"rfc 3339", rfc, traceFormat{TimeUnit: time.Second}},
+		{"crlf", strings.ReplaceAll(base, "\n", "\r\n"), traceFormat{}},
+		{"header", "key,unix_ms,fingerprint\n" + base, traceFormat{}},
 		{"columns", "region,ts,body_sha,idempotency_key\n" +
 			"eu,1700000000000,x,a\neu,1700000000250,,b\nus,1700000060000,x,a\n",
-			TraceFormat{Columns: map[string]string{"key": "idempotency_key", "time": "ts", "fingerprint": "body_sha"}}},
-		{"gzip", gzipped(t, base), TraceFormat{}},
+			traceFormat{Columns: map[string]string{"key": "idempotency_key", "time": "ts", "fingerprint": "body_sha"}}},
+		{"gzip", gzipped(t, base), traceFormat{}},
 	} {
 		p, err := ReadTrace(context.Background(), strings.NewReader(tc.in), tc.f)
 		if err != nil {
@@ -110,7 +110,7 @@ func TestTraceFormats(t *testing.T) {
 
 func TestTraceDurations(t *testing.T) {
 	t.Parallel()
-	p, err := ReadTrace(context.Background(), strings.NewReader("key,time,fp,duration\na,1700000000000,,250\nb,1700000001000,,1.5s\nc,1700000002000\n"), TraceFormat{})
+	p, err := ReadTrace(context.Background(), strings.NewReader("key,time,fp,duration\na,1700000000000,,250\nb,1700000001000,,1.5s\nc,1700000002000\n"), traceFormat{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,33 +139,33 @@ func TestReadTraceErrorsNameTheLine(t *testing.T) {
 	ok := "a,1700000000000\n"
 	for _, tc := range []struct {
 		in   string
-		f    TraceFormat
+		f    traceFormat
 		line int
 		want string
 	}{
-		{ok + "b,x\n", TraceFormat{}, 2, "neither a Unix time"},
-		{"# c\n\n" + ok + "b\n", TraceFormat{}, 4, "fields"},
-		{"a,1700000000000,fp,10,extra\n", TraceFormat{}, 1, "fields"},
-		{ok + ",1700000000000\n", TraceFormat{Strict: true}, 2, "no key"},
-		{ok + "-,1700000000000\n", TraceFormat{Strict: true}, 2, "-strict refuses rows without one"},
-		{ok + "b,-5\n", TraceFormat{}, 2, "neither"},
-		{ok + "b\"c,1700000000000\n", TraceFormat{}, 2, "quote"},
-		{ok + "\"b,1700000000000\n", TraceFormat{}, 2, "quoted field does not end"},
-		{ok + strings.Repeat("k", maxKeyLen+1) + ",1700000000000\n", TraceFormat{}, 2, "longer"},
-		{ok + "b,1900000000000\n" + "c,2050000000000\n", TraceFormat{}, 3, "more than 3650d"},
-		{ok + "b,1700000000000,,soon\n", TraceFormat{}, 2, "duration"},
-		{"k,t\n" + ok, TraceFormat{Columns: map[string]string{"key": "key", "time": "t"}}, 1, `no column "key"`},
-		{"x,y\n" + ok, TraceFormat{}, 0, ""}, // a first line "x,y" is data: its time is bad
+		{ok + "b,x\n", traceFormat{}, 2, "neither a Unix time"},
+		{"# c\n\n" + ok + "b\n", traceFormat{}, 4, "fields"},
+		{"a,1700000000000,fp,10,extra\n", traceFormat{}, 1, "fields"},
+		{ok + ",1700000000000\n", traceFormat{Strict: true}, 2, "no key"},
+		{ok + "-,1700000000000\n", traceFormat{Strict: true}, 2, "-strict refuses rows without one"},
+		{ok + "b,-5\n", traceFormat{}, 2, "neither"},
+		{ok + "b\"c,1700000000000\n", traceFormat{}, 2, "quote"},
+		{ok + "\"b,1700000000000\n", traceFormat{}, 2, "quoted field does not end"},
+		{ok + strings.Repeat("k", maxKeyLen+1) + ",1700000000000\n", traceFormat{}, 2, "longer"},
+		{ok + "b,1900000000000\n" + "c,2050000000000\n", traceFormat{}, 3, "more than 3650d"},
+		{ok + "b,1700000000000,,soon\n", traceFormat{}, 2, "duration"},
+		{"k,t\n" + ok, traceFormat{Columns: map[string]string{"key": "key", "time": "t"}}, 1, `no column "key"`},
+		{"x,y\n" + ok, traceFormat{}, 0, ""}, // a first line "x,y" is data: its time is bad
 		// Magnitude: seconds, microseconds, nanoseconds read as ms.
-		{ok + "b,1700000000\n", TraceFormat{}, 2, "1970-01-20 16:13:20: the numbers look like seconds: use -time-unit s"},
-		{ok + "b,1700000000000000\n", TraceFormat{}, 2, "year 55840: the numbers look like microseconds: use -time-unit us"},
-		{ok + "b,1700000000000000000\n", TraceFormat{}, 2, "look like nanoseconds: use -time-unit ns"},
-		{"a,1700000000000\n", TraceFormat{TimeUnit: time.Second}, 1, "look like milliseconds: use -time-unit ms"},
-		{"a,5\n", TraceFormat{}, 1, "in no unit"},
-		{"a,1970-01-01T00:00:05Z\n", TraceFormat{}, 1, "not between 1995 and 2100"},
+		{ok + "b,1700000000\n", traceFormat{}, 2, "1970-01-20 16:13:20: the numbers look like seconds: use -time-unit s"},
+		{ok + "b,1700000000000000\n", traceFormat{}, 2, "year 55840: the numbers look like microseconds: use -time-unit us"},
+		{ok + "b,1700000000000000000\n", traceFormat{}, 2, "look like nanoseconds: use -time-unit ns"},
+		{"a,1700000000000\n", traceFormat{TimeUnit: time.Second}, 1, "look like milliseconds: use -time-unit ms"},
+		{"a,5\n", traceFormat{}, 1, "in no unit"},
+		{"a,1970-01-01T00:00:05Z\n", traceFormat{}, 1, "not between 1995 and 2100"},
 	} {
 		_, err := ReadTrace(context.Background(), strings.NewReader(tc.in), tc.f)
-		var te *TraceError
+		var te *traceError
 		if tc.line == 0 {
 			if err == nil {
 				t.Errorf("%q: accepted", tc.in)
@@ -173,14 +173,14 @@ func TestReadTraceErrorsNameTheLine(t *testing.T) {
 			continue
 		}
 		if !errors.As(err, &te) {
-			t.Errorf("%q: got %v, want a TraceError", tc.in, err)
+			t.Errorf("%q: got %v, want a traceError", tc.in, err)
 			continue
 		}
 		if te.Line != tc.line || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: got %q (line %d), want line %d and %q", tc.in, err, te.Line, tc.line, tc.want)
 		}
 	}
-	if _, err := ReadTrace(context.Background(), strings.NewReader("# nothing\n\n"), TraceFormat{}); err == nil {
+	if _, err := ReadTrace(context.Background(), strings.NewReader("# nothing\n\n"), traceFormat{}); err == nil {
 		t.Error("an empty trace was accepted")
 	}
 }

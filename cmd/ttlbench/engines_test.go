@@ -49,7 +49,7 @@ func TestEnginesAgree(t *testing.T) {
 
 // drawTrace draws a small trace, two retentions and the options to replay
 // it with.
-func drawTrace(t *rapid.T) (*Plan, []time.Duration, Options) {
+func drawTrace(t *rapid.T) (*Plan, []time.Duration, options) {
 	ms := time.Millisecond
 	lease := time.Duration(rapid.IntRange(1, 30).Draw(t, "lease_s")) * time.Second
 	var policies []time.Duration
@@ -61,7 +61,7 @@ func drawTrace(t *rapid.T) (*Plan, []time.Duration, Options) {
 	} else if policies[0] > policies[1] {
 		policies[0], policies[1] = policies[1], policies[0]
 	}
-	opts := Options{Policies: policies, Lease: lease, ResultSize: rapid.IntRange(0, 300).Draw(t, "result_size"), TimeScale: 1}
+	opts := options{Policies: policies, Lease: lease, ResultSize: rapid.IntRange(0, 300).Draw(t, "result_size"), TimeScale: 1}
 
 	names := []string{"a", "b", "k}x", `back\slash`, "0123456789abcdef0123456789abcdef0123"}
 	nkeys := rapid.IntRange(1, len(names)).Draw(t, "keys")

@@ -46,7 +46,7 @@ type recordSizes struct {
 }
 
 // newRecordSizes returns the sizes for records of the given retention.
-func newRecordSizes(retention time.Duration, opts Options) recordSizes {
+func newRecordSizes(retention time.Duration, opts options) recordSizes {
 	const value = 2 + 1 + 1 + 16 + 1 + 1 // "1" st, len(fp), len(own), own, "1", ":"
 	mark := retention.Milliseconds() - opts.Lease.Milliseconds()
 	return recordSizes{
@@ -71,7 +71,7 @@ func (s recordSizes) of(p *Plan, op int32, i int32, finished bool) int64 {
 
 // fastPolicy replays plan with one retention and returns what it made of
 // it. opts.Progress, when not nil, is incremented as requests are replayed.
-func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts Options) (Result, error) {
+func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options) (Result, error) {
 	return fastPair(ctx, plan, retention, 0, opts, nil)
 }
 
@@ -80,7 +80,7 @@ func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts O
 // tombstones.go), and returns what it made of it. With late not nil, it
 // appends the gap of every request refused as a late retry: the time from
 // the recording of its key's last run, in nanoseconds.
-func fastPair(ctx context.Context, plan *Plan, retention, tombstones time.Duration, opts Options, late *[]int64) (Result, error) {
+func fastPair(ctx context.Context, plan *Plan, retention, tombstones time.Duration, opts options, late *[]int64) (Result, error) {
 	res := Result{
 		Retention:   retention,
 		Tombstones:  tombstones,

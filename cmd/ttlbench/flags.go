@@ -22,7 +22,7 @@ type config struct {
 	format    traceFormat
 	columns   string // -columns, parsed into format
 	timeUnit  string // -time-unit, parsed into format
-	opts      Options
+	opts      options
 	target    float64
 	resamples int // bootstrap resamples
 	json      bool
@@ -57,7 +57,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 		TimeoutShare: 0.05, Retries: 5, RetryBase: time.Second, RetryFactor: 2, RetryJitter: 0.2, RetryCap: time.Minute,
 		LateShare: 0.02, LateMedian: 5 * time.Minute, LateP99: 2 * time.Hour,
 	}
-	cfg.opts = Options{Lease: 30 * time.Second, ResultSize: 256, TimeScale: 1, Engine: engineFast, TombstoneBytes: tombstoneBytes}
+	cfg.opts = options{Lease: 30 * time.Second, ResultSize: 256, TimeScale: 1, Engine: engineFast, TombstoneBytes: tombstoneBytes}
 	cfg.lateTarget = 0.001
 	cfg.timeUnit, cfg.resamples = "ms", 400
 	cfg.opts.Policies, _ = parsePolicies(defaultPolicies)

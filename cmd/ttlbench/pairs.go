@@ -58,7 +58,7 @@ type pairStudy struct {
 // below it and the shortest whose late retries are within lateTarget, each
 // with the tombstones that fill up the span. baseline is span's replay
 // without tombstones.
-func studyPairs(ctx context.Context, plan *Plan, opts Options, grid []time.Duration, span time.Duration, baseline Result, lateTarget float64) (*pairStudy, error) {
+func studyPairs(ctx context.Context, plan *Plan, opts options, grid []time.Duration, span time.Duration, baseline Result, lateTarget float64) (*pairStudy, error) {
 	ps := &pairStudy{Span: span, LateTarget: lateTarget, Recommended: -1, Baseline: baseline, TombstoneBytes: opts.TombstoneBytes, Floor: opts.Lease}
 	lease := opts.Lease
 	if span <= lease {

@@ -15,8 +15,8 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// Options say how a Plan is replayed.
-type Options struct {
+// options say how a Plan is replayed.
+type options struct {
 	// Policies are the retentions to compare, each in a run of its own.
 	Policies []time.Duration
 	// Lease is passed to WithLease; it must not exceed any policy.
@@ -69,7 +69,7 @@ type Result struct {
 	PeakRecords int
 	PeakBytes   int64
 	// PeakTombstones is the most tombstones alive at once; PeakBytes
-	// counts them at Options.TombstoneBytes each.
+	// counts them at options.TombstoneBytes each.
 	PeakTombstones int
 	// BytesMethod says how bytes were measured.
 	BytesMethod string
@@ -93,7 +93,7 @@ const (
 // returns the results in the order of policies. The real engine runs all
 // policies at once (each waits on its store); the fast engine runs as many
 // at once as there are CPUs, each holding 12 bytes per operation.
-func Simulate(parent context.Context, plan *Plan, policies []time.Duration, opts Options) ([]Result, error) {
+func Simulate(parent context.Context, plan *Plan, policies []time.Duration, opts options) ([]Result, error) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	results := make([]Result, len(policies))
@@ -146,7 +146,7 @@ func Simulate(parent context.Context, plan *Plan, policies []time.Duration, opts
 
 // realPolicy replays plan through the library with one retention, on a
 // store of its own.
-func realPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts Options, runID string, n int, startAt time.Time) (Result, error) {
+func realPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options, runID string, n int, startAt time.Time) (Result, error) {
 	tap := &keyTap{}
 	var st store
 	var err error
@@ -175,7 +175,7 @@ type flight struct {
 // event at a time in virtual-time order: each request, and each recording
 // of an outcome of an fn that runs for a while, which comes before the
 // requests of its time (see fast.go for the order of events).
-func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts Options, st store, tap *keyTap) (Result, error) {
+func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options, st store, tap *keyTap) (Result, error) {
 	res := Result{
 		Retention:   retention,
 		Operations:  plan.Ops(),

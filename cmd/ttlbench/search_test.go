@@ -44,7 +44,7 @@ func TestStepsMatchTheReplay(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
 	lease := 30 * time.Second
-	opts := Options{Lease: lease, ResultSize: 10}
+	opts := options{Lease: lease, ResultSize: 10}
 	for round := range 3 {
 		p := randomPlan(rng, 40, 0)
 		a := analyse(p, lease, nil)
@@ -99,7 +99,7 @@ func TestSmallestIsSmallest(t *testing.T) {
 	lease := 30 * time.Second
 	p := randomPlan(rng, 300, 0)
 	a := analyse(p, lease, nil)
-	opts := Options{Lease: lease, ResultSize: 10}
+	opts := options{Lease: lease, ResultSize: 10}
 	dups := func(r time.Duration) int {
 		res, err := fastPolicy(context.Background(), p, r, opts)
 		if err != nil {

@@ -24,8 +24,8 @@ func quick(seed uint64) Workload {
 	}
 }
 
-func quickOptions(policies ...time.Duration) Options {
-	return Options{Policies: policies, Lease: 30 * time.Second, ResultSize: 64, TimeScale: 1, Engine: engineFast}
+func quickOptions(policies ...time.Duration) options {
+	return options{Policies: policies, Lease: 30 * time.Second, ResultSize: 64, TimeScale: 1, Engine: engineFast}
 }
 
 // engines are the ways to replay, for tests that check both.
@@ -43,7 +43,7 @@ func withinTwoHours(t *testing.T, p *Plan) {
 	}
 }
 
-func simulate(t *testing.T, p *Plan, opts Options) []Result {
+func simulate(t *testing.T, p *Plan, opts options) []Result {
 	t.Helper()
 	rs, err := Simulate(context.Background(), p, opts.Policies, opts)
 	if err != nil {

@@ -44,12 +44,12 @@ func TestTombstonesAgree(t *testing.T) {
 
 // drawTombTrace draws a small trace of instant fns, a retention and a
 // tombstone time.
-func drawTombTrace(t *rapid.T) (*Plan, time.Duration, time.Duration, Options) {
+func drawTombTrace(t *rapid.T) (*Plan, time.Duration, time.Duration, options) {
 	ms := time.Millisecond
 	lease := time.Duration(rapid.IntRange(1, 10).Draw(t, "lease_s")) * time.Second
 	retention := lease + time.Duration(rapid.IntRange(0, 60).Draw(t, "extra_s"))*time.Second
 	tombstones := time.Duration(rapid.IntRange(1, 600_000).Draw(t, "tomb_ms")) * ms
-	opts := Options{Lease: lease, ResultSize: 16, TimeScale: 1, TombstoneBytes: tombstoneBytes}
+	opts := options{Lease: lease, ResultSize: 16, TimeScale: 1, TombstoneBytes: tombstoneBytes}
 
 	names := []string{"a", "b", "k}x"}
 	nkeys := rapid.IntRange(1, len(names)).Draw(t, "keys")
@@ -113,7 +113,7 @@ func drawTombTrace(t *rapid.T) (*Plan, time.Duration, time.Duration, Options) {
 // miniredis, moving its clock to each request, and returns the
 // duplicates, replays, conflicts, late retries, and the peaks of records
 // and of tombstones.
-func libraryPair(t *rapid.T, p *Plan, retention, tombstones time.Duration, opts Options) [6]int {
+func libraryPair(t *rapid.T, p *Plan, retention, tombstones time.Duration, opts options) [6]int {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
 		t.Fatal(err)

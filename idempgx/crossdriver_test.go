@@ -16,9 +16,9 @@ import (
 )
 
 // Migrate makes the ledger's tables as idemsql.Postgres's Migrate makes
-// them (<table> and <table>_meta): the same columns, types, constraints
-// and indexes, under the default name and another. idemsql's Migrate also
-// makes tables of its own outbox, which idempgx has not.
+// them (<table>, <table>_meta, <table>_versions and <table>_outbox): the
+// same columns, types, constraints and indexes, under the default name and
+// another.
 func TestSchemaIsIdemsqls(t *testing.T) {
 	ctx := context.Background()
 	pg := dbtest.SharedPostgres(t)
@@ -49,18 +49,19 @@ func openPoolOnly(t *testing.T, dsn string) *pgxpool.Pool {
 	return p
 }
 
-// schema describes the ledger's tables, table and table_meta: columns,
-// constraints and indexes, one line each, in order.
+// schema describes the ledger's tables, table, table_meta, table_versions
+// and table_outbox: columns, constraints and indexes, one line each, in
+// order.
 func schema(t *testing.T, pool *pgxpool.Pool, table string) []string {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `
-		SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || ordinal_position
-		FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ($1::text, $1::text || '_meta')
+		SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || ordinal_position || ' ' || is_identity || ' ' || coalesce(identity_generation, '')
+		FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ($1::text, $1::text || '_meta', $1::text || '_versions', $1::text || '_outbox')
 		UNION ALL
 		SELECT 'constraint ' || conrelid::regclass || ' ' || conname || ' ' || pg_get_constraintdef(oid)
-		FROM pg_constraint WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text IN ($1::text, $1::text || '_meta')
+		FROM pg_constraint WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text IN ($1::text, $1::text || '_meta', $1::text || '_versions', $1::text || '_outbox')
 		UNION ALL
-		SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename IN ($1::text, $1::text || '_meta')
+		SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename IN ($1::text, $1::text || '_meta', $1::text || '_versions', $1::text || '_outbox')
 		ORDER BY 1`, table)
 	if err != nil {
 		t.Fatal(err)

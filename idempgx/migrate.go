@@ -10,11 +10,11 @@ import (
 )
 
 // Migrate creates the ledger's table, its index and its _meta table (one
-// row: a random id of this database, which Commit checks) where they are
-// missing, and leaves existing ones as they are: the ledger's tables of
-// idemsql.Postgres, so a database that idemsql migrated needs nothing more
-// (idemsql's Migrate also makes its outbox's tables, which idempgx does
-// not use).
+// row: a random id of this database, which Commit checks), the _versions
+// table of Advance and the _outbox table of Publish, where they are
+// missing, and leaves existing ones as they are: the tables of
+// idemsql.Postgres, so a database that idemsql migrated needs nothing more,
+// and events published through either driver are relayed by either.
 // Run it at start-up, before the first Commit, in every process: it also
 // reads the id that Commit needs. It is safe to run from many processes at
 // once, beside idemsql's Migrate too.
@@ -30,7 +30,7 @@ func (l *Ledger) Migrate(ctx context.Context) error {
 	if _, err := tx.Exec(ctx, l.sql.migrateLock, "idemsql:"+l.table); err != nil {
 		return l.explain("migrate", err)
 	}
-	for _, q := range []string{l.sql.createTable, l.sql.createIndex, l.sql.createMeta} {
+	for _, q := range []string{l.sql.createTable, l.sql.createIndex, l.sql.createMeta, l.sql.createVersions, l.sql.createOutbox} {
 		if _, err := tx.Exec(ctx, q); err != nil {
 			return l.explain("migrate", err)
 		}

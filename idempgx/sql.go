@@ -16,6 +16,7 @@ import (
 // schemas that the two Migrates make).
 type statements struct {
 	createTable, createIndex, createMeta, insertMeta string
+	createVersions, createOutbox                     string // the tables of Advance and Publish
 	migrateLock                                      string // Migrates of one table take turns (with idemsql's too)
 	selectMeta                                       string // the database's marker
 	insert                                           string // a row, failing unless the marker is the ledger's
@@ -67,6 +68,15 @@ func newStatements(table string) statements {
 		lookup: "SELECT fingerprint, attempt, failed, outcome, " + ageMicros + " FROM " + table + " WHERE idem_key = $1::bytea",
 		recorded: "SELECT fingerprint, attempt, failed, outcome, " + ageMicros + " FROM " + table +
 			" WHERE idem_key = $1::bytea AND EXISTS (SELECT 1 FROM " + meta + " WHERE one = 1 AND database_id = $2::bytea)",
+		createVersions: "CREATE TABLE IF NOT EXISTS " + table + "_versions (\n" +
+			"\tentity bytea NOT NULL PRIMARY KEY,\n" +
+			"\tversion bigint NOT NULL\n)",
+		createOutbox: "CREATE TABLE IF NOT EXISTS " + table + "_outbox (\n" +
+			"\tseq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n" +
+			"\tevent_id bytea NOT NULL UNIQUE,\n" +
+			"\tstream bytea NOT NULL,\n" +
+			"\tfields bytea NOT NULL,\n" +
+			"\trecorded_at timestamptz NOT NULL\n)",
 		prune: "DELETE FROM " + table + " WHERE idem_key IN (SELECT idem_key FROM " + table +
 			" WHERE recorded_at < statement_timestamp() - $1::bigint * interval '1 microsecond' LIMIT " + strconv.Itoa(pruneBatch) + ")",
 	}

@@ -5,6 +5,7 @@ package idempgx
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -17,6 +18,14 @@ import (
 type statements struct {
 	createTable, createIndex, createMeta, insertMeta string
 	createVersions, createOutbox                     string // the tables of Advance and Publish
+	publish                                          string // an event: $1 id, $2 stream, $3 fields
+	publishDerived                                   string // an event whose id is $1 and the tx's next ordinal; returns the id
+	claim                                            string // the oldest events (%d: how many), locked, skipping rows locked by others
+	deleteEvents                                     string // the events of the seqs $1
+	lag                                              string // the age of the oldest event, in microseconds
+	ensureVersion                                    string // a row at version 0 for the entity $1, if it has none
+	lockVersion                                      string // $1's version, locked until the tx ends
+	setVersion                                       string // $1 to $2 where it is at $3
 	migrateLock                                      string // Migrates of one table take turns (with idemsql's too)
 	selectMeta                                       string // the database's marker
 	insert                                           string // a row, failing unless the marker is the ledger's
@@ -77,6 +86,16 @@ func newStatements(table string) statements {
 			"\tstream bytea NOT NULL,\n" +
 			"\tfields bytea NOT NULL,\n" +
 			"\trecorded_at timestamptz NOT NULL\n)",
+		publish: "INSERT INTO " + table + "_outbox (event_id, stream, fields, recorded_at) VALUES ($1::bytea, $2::bytea, $3::bytea, statement_timestamp())",
+		publishDerived: "INSERT INTO " + table + "_outbox (event_id, stream, fields, recorded_at) VALUES (\n" +
+			"\tconvert_to($1::text || set_config('" + ordinalSetting + "', (coalesce(nullif(current_setting('" + ordinalSetting + "', true), ''), '0')::bigint + 1)::text, true), 'UTF8'),\n" +
+			"\t$2::bytea, $3::bytea, statement_timestamp()) RETURNING event_id",
+		claim:         "SELECT seq, event_id, stream, fields FROM " + table + "_outbox ORDER BY seq LIMIT %d FOR UPDATE SKIP LOCKED",
+		deleteEvents:  "DELETE FROM " + table + "_outbox WHERE seq = ANY($1::bigint[])",
+		lag:           "SELECT " + ageMicros + " FROM " + table + "_outbox ORDER BY seq LIMIT 1",
+		ensureVersion: "INSERT INTO " + table + "_versions (entity, version) VALUES ($1::bytea, 0) ON CONFLICT (entity) DO NOTHING",
+		lockVersion:   "SELECT version FROM " + table + "_versions WHERE entity = $1::bytea FOR UPDATE",
+		setVersion:    "UPDATE " + table + "_versions SET version = $1::bigint WHERE entity = $2::bytea AND version = $3::bigint",
 		prune: "DELETE FROM " + table + " WHERE idem_key IN (SELECT idem_key FROM " + table +
 			" WHERE recorded_at < statement_timestamp() - $1::bigint * interval '1 microsecond' LIMIT " + strconv.Itoa(pruneBatch) + ")",
 	}
@@ -105,6 +124,15 @@ func pgError(err error) *pgconn.PgError {
 func permanent(err error) bool {
 	pe := pgError(err)
 	return pe != nil && (strings.HasPrefix(pe.Code, "54") || pe.Code == "22001")
+}
+
+// explainTable is explain for the statements of the ledger's table of
+// suffix (_outbox, _versions).
+func (l *Ledger) explainTable(doing, suffix string, err error) error {
+	if missing(err) {
+		return fmt.Errorf("idempgx: %s: the table %s%s is missing (call Migrate first): %w", doing, l.table, suffix, err)
+	}
+	return fmt.Errorf("idempgx: %s: %w", doing, err)
 }
 
 // missing reports an undefined_table error.

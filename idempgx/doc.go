@@ -82,4 +82,18 @@
 // it too. A serialization failure or a deadlock is returned as the
 // transient error it is: nothing committed, and the next attempt's lookup
 // finds the outcome if another attempt committed one.
+//
+// # Events: the outbox, the relay, entity versions
+//
+// Publish writes an event in the handler's pgx.Tx, so that it commits or
+// rolls back with the business change (and, inside Do, with the ledger's
+// row); inside Do its id is derived from the operation's key and the
+// publish's ordinal, so a re-run of fn publishes the same ids. Ledger.Relay
+// moves committed rows to their Redis Streams (XADD with the fields and
+// EventIDField, then the delete; FOR UPDATE SKIP LOCKED, so several relays
+// share the work), at least once: a relay killed between the XADD and the
+// delete publishes the row again with the same id, which idemstream keys
+// entries by. Advance and AdvanceInOrder guard an entity's version in the
+// consumer's tx (ErrStale, ErrGap). Tables, ids and entries are idemsql's
+// byte for byte: either driver relays and applies the other's events.
 package idempgx

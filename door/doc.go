@@ -4,8 +4,9 @@
 // idempotency key the same way: the key scheme (Key), the limits fitted
 // to the Client's (FitKeyLen, FitResponse), the reasons a door answers a
 // call itself and their wording (Reason, AnswerOf), the retry delay rule
-// (CheckRetryAfter), the framing of a stored response (Envelope,
-// Reader) and the default logger (Logger).
+// (CheckRetryAfter), the framing of a stored response (AppendFrame,
+// ReadFrame, Reader), the run of a handler that outlives its caller
+// (Detach) and the default logger (Logger).
 //
 // httpidem, grpcidem and idemstream use it and keep only their
 // transport: status codes and problem URIs, gRPC codes and ErrorInfo,

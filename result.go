@@ -17,9 +17,8 @@ import (
 // its Status; for a stored failure, a *StoredError with
 // its Status (StateFailed); otherwise a nil result and a nil error, and the
 // Status says what the key is doing (in progress, released, parked,
-// absent). A
-// client that gave up on a request learns from it whether the operation
-// happened, without creating a new one. It reads Redis only: with a
+// absent). A client that gave up on a request learns from it whether the
+// operation happened, without creating a new one. It reads Redis only: with a
 // ledger, an outcome Redis has lost is not found here (the next Do with
 // the key finds it in the ledger).
 func (c *Client) Result(ctx context.Context, key string) ([]byte, Status, error) {

@@ -194,7 +194,7 @@ func TestAnswerOf(t *testing.T) {
 
 func TestReasons(t *testing.T) {
 	seen := map[door.Reason]bool{}
-	for _, r := range door.Reasons {
+	for _, r := range door.Reasons() {
 		if r.Title() == "" || seen[r] || string(r) != strings.ToUpper(string(r)) {
 			t.Errorf("reason %q: title %q, seen %v", r, r.Title(), seen[r])
 		}

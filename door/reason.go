@@ -2,6 +2,7 @@ package door
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/idem-go/idem"
 )
@@ -71,8 +72,11 @@ const (
 	NotFinished Reason = "NOT_FINISHED"
 )
 
-// Reasons lists every Reason, in the order of their declaration.
-var Reasons = []Reason{
+// Reasons returns every Reason, in the order of their declaration (a new
+// slice at each call).
+func Reasons() []Reason { return slices.Clone(reasons) }
+
+var reasons = []Reason{
 	KeyMissing, KeyInvalid, KeyReused, LateRetry, InProgress, BodyTooLarge, BadRequest,
 	Scope, NotStored, NotRecorded, RecordUnusable, Unavailable, Parked, OutcomeUnknown,
 	KeyUnknown, NotFinished,

@@ -48,7 +48,9 @@ func TestResult(t *testing.T) {
 
 		running := make(chan struct{})
 		release := make(chan struct{})
+		finished := make(chan struct{})
 		go func() {
+			defer close(finished)
 			_, _ = c.Do(ctx, "running", "fp", func(context.Context) ([]byte, error) {
 				close(running)
 				<-release
@@ -58,6 +60,10 @@ func TestResult(t *testing.T) {
 		<-running
 		res, st, err = c.Result(ctx, "running")
 		close(release)
+		// The call ends before the test and its server do: left running,
+		// it would retry its completion against a closed server past the
+		// test (goleak at the package's end).
+		<-finished
 		if err != nil || res != nil || st.State != idem.StateInProgress || st.LeaseEnds.IsZero() {
 			t.Fatalf("in progress: %q, %+v, %v", res, st, err)
 		}

@@ -71,7 +71,7 @@ func (s recordSizes) of(p *Plan, op int32, i int32, finished bool) int64 {
 
 // fastPolicy replays plan with one retention and returns what it made of
 // it. opts.Progress, when not nil, is incremented as requests are replayed.
-func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options) (Result, error) {
+func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options) (policyResult, error) {
 	return fastPair(ctx, plan, retention, 0, opts, nil)
 }
 
@@ -80,8 +80,8 @@ func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts o
 // tombstones.go), and returns what it made of it. With late not nil, it
 // appends the gap of every request refused as a late retry: the time from
 // the recording of its key's last run, in nanoseconds.
-func fastPair(ctx context.Context, plan *Plan, retention, tombstones time.Duration, opts options, late *[]int64) (Result, error) {
-	res := Result{
+func fastPair(ctx context.Context, plan *Plan, retention, tombstones time.Duration, opts options, late *[]int64) (policyResult, error) {
+	res := policyResult{
 		Retention:   retention,
 		Tombstones:  tombstones,
 		Operations:  plan.Ops(),

@@ -291,7 +291,7 @@ func (cfg *config) plan(ctx context.Context, stdin io.Reader, prog *progress) (*
 	} else {
 		prog.phase("reading stdin", "bytes", 0)
 	}
-	p, err := ReadTrace(ctx, r, f)
+	p, err := parseTrace(ctx, r, f)
 	if err != nil {
 		return nil, fmt.Errorf("-trace %s: %w", name, err)
 	}

@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // study answers the question for plan: the duplicates at every retention
 // (analyse), the smallest retention meeting the target, the replay of the
 // grid's retentions and that one, and the bootstrap intervals.
-func study(ctx context.Context, cfg *config, plan *Plan, prog *progress) (*Report, error) {
+func study(ctx context.Context, cfg *config, plan *Plan, prog *progress) (*report, error) {
 	opts := cfg.opts
 	grid := opts.Policies
 	prog.phase("grouping requests by key", "", 0)
@@ -103,7 +103,7 @@ func study(ctx context.Context, cfg *config, plan *Plan, prog *progress) (*Repor
 
 	prog.phase("replaying", "requests", int64(plan.Len())*int64(len(policies)))
 	opts.Progress = &prog.Done
-	results, err := Simulate(ctx, plan, policies, opts)
+	results, err := simulateReal(ctx, plan, policies, opts)
 	if err != nil {
 		return nil, err
 	}

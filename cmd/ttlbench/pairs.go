@@ -43,11 +43,11 @@ type pairStudy struct {
 	TooSmall bool
 	// Results are the pairs replayed, in ascending order of retention:
 	// the grid's retentions shorter than Span, and the recommended one.
-	Results []Result
+	Results []policyResult
 	// Recommended indexes Results; -1 when no pair is recommended.
 	Recommended int
 	// Baseline is Span's replay without tombstones.
-	Baseline Result
+	Baseline policyResult
 	// TombstoneBytes is what a tombstone counts for in PeakBytes.
 	TombstoneBytes int
 	// Floor is the shortest retention: the lease.
@@ -58,7 +58,7 @@ type pairStudy struct {
 // below it and the shortest whose late retries are within lateTarget, each
 // with the tombstones that fill up the span. baseline is span's replay
 // without tombstones.
-func studyPairs(ctx context.Context, plan *Plan, opts options, grid []time.Duration, span time.Duration, baseline Result, lateTarget float64) (*pairStudy, error) {
+func studyPairs(ctx context.Context, plan *Plan, opts options, grid []time.Duration, span time.Duration, baseline policyResult, lateTarget float64) (*pairStudy, error) {
 	ps := &pairStudy{Span: span, LateTarget: lateTarget, Recommended: -1, Baseline: baseline, TombstoneBytes: opts.TombstoneBytes, Floor: opts.Lease}
 	lease := opts.Lease
 	if span <= lease {
@@ -91,7 +91,7 @@ func studyPairs(ctx context.Context, plan *Plan, opts options, grid []time.Durat
 	}
 	slices.Sort(retentions)
 
-	results := make([]Result, len(retentions))
+	results := make([]policyResult, len(retentions))
 	errs := make([]error, len(retentions))
 	slots := make(chan struct{}, runtime.GOMAXPROCS(0))
 	var wg sync.WaitGroup
@@ -146,7 +146,7 @@ func (ps *pairStudy) write(b *strings.Builder) error {
 	if len(ps.Results) > 0 {
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "retention\ttombstones\treplays\tlate retries\tlate rate\tduplicates\tpeak records\tpeak tombstones\tpeak bytes\t")
-		row := func(res Result, mark string) {
+		row := func(res policyResult, mark string) {
 			tomb := "none"
 			if res.Tombstones > 0 {
 				tomb = shortDuration(res.Tombstones)
@@ -223,7 +223,7 @@ func plural(n int, one, many string) string {
 }
 
 // lateRate is late retries per operation.
-func lateRate(r Result) float64 {
+func lateRate(r policyResult) float64 {
 	if r.Operations == 0 {
 		return 0
 	}

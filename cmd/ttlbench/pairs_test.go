@@ -119,7 +119,7 @@ func TestPairsAreCheapest(t *testing.T) {
 		if best.LateRetries > limit {
 			t.Errorf("seed %d: the recommended %s refuses %d late retries, over %d", seed, shortDuration(best.Retention), best.LateRetries, limit)
 		}
-		var prev Result
+		var prev policyResult
 		for k := 0; k <= 40; k++ {
 			r := opts.Lease + (span-opts.Lease)*time.Duration(k)/40
 			if r == span {

@@ -45,8 +45,8 @@ const (
 	engineReal = "real" // this file
 )
 
-// Result is what one retention policy made of a Plan.
-type Result struct {
+// policyResult is what one retention policy made of a Plan.
+type policyResult struct {
 	Retention time.Duration
 	// Tombstones is how long tombstones were kept past the retention
 	// (idem.WithTombstones; fast engine only); 0: none.
@@ -76,7 +76,7 @@ type Result struct {
 }
 
 // DuplicateRate is duplicates per operation.
-func (r Result) DuplicateRate() float64 {
+func (r policyResult) DuplicateRate() float64 {
 	if r.Operations == 0 {
 		return 0
 	}
@@ -89,14 +89,14 @@ const (
 	bytesMemoryUsage = "memory-usage" // Redis: MEMORY USAGE of each record
 )
 
-// Simulate runs plan once per policy, each on a store of its own, and
+// simulateReal runs plan once per policy, each on a store of its own, and
 // returns the results in the order of policies. The real engine runs all
 // policies at once (each waits on its store); the fast engine runs as many
 // at once as there are CPUs, each holding 12 bytes per operation.
-func Simulate(parent context.Context, plan *Plan, policies []time.Duration, opts options) ([]Result, error) {
+func simulateReal(parent context.Context, plan *Plan, policies []time.Duration, opts options) ([]policyResult, error) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	results := make([]Result, len(policies))
+	results := make([]policyResult, len(policies))
 	errs := make([]error, len(policies))
 	runID := newRunID()
 	startAt := time.Now() // virtual time 0 on a real Redis
@@ -146,7 +146,7 @@ func Simulate(parent context.Context, plan *Plan, policies []time.Duration, opts
 
 // realPolicy replays plan through the library with one retention, on a
 // store of its own.
-func realPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options, runID string, n int, startAt time.Time) (Result, error) {
+func realPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options, runID string, n int, startAt time.Time) (policyResult, error) {
 	tap := &keyTap{}
 	var st store
 	var err error
@@ -156,7 +156,7 @@ func realPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts o
 		st, err = newRedisStore(ctx, opts.Redis, runID, n, startAt, opts.TimeScale, tap)
 	}
 	if err != nil {
-		return Result{}, err
+		return policyResult{}, err
 	}
 	res, err := runPolicy(ctx, plan, retention, opts, st, tap)
 	return res, errors.Join(err, st.close())
@@ -175,8 +175,8 @@ type flight struct {
 // event at a time in virtual-time order: each request, and each recording
 // of an outcome of an fn that runs for a while, which comes before the
 // requests of its time (see fast.go for the order of events).
-func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options, st store, tap *keyTap) (Result, error) {
-	res := Result{
+func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options, st store, tap *keyTap) (policyResult, error) {
+	res := policyResult{
 		Retention:   retention,
 		Operations:  plan.Ops(),
 		Requests:    plan.Len(),

@@ -27,10 +27,10 @@ var redisOverhead = fmt.Sprintf("Redis 7 adds about %d a finished record\n"+
 	"  (MEMORY USAGE of one with a UUID key and a 100-byte result: %d bytes, %d of them key and value)",
 	recordMemory-recordPayload, recordMemory, recordPayload)
 
-// A Report is the outcome of a run: one result per retention replayed
+// A report is the outcome of a run: one result per retention replayed
 // (the grid's and the searched one), the recommendation, the retry gaps
 // and the intervals.
-type Report struct {
+type report struct {
 	// Workload describes the traffic, in one line.
 	Workload string
 	// Setup describes the records and the engine, in one line.
@@ -41,7 +41,7 @@ type Report struct {
 	// Target is the highest acceptable duplicate rate.
 	Target float64
 	// Results are in ascending order of retention.
-	Results []Result
+	Results []policyResult
 	// Grid says which results are -policies' (the others: the searched).
 	Grid []bool
 	// Searched indexes Results: the shortest retention meeting the target,
@@ -93,9 +93,9 @@ type survivalPoint struct {
 
 // newReport builds the report of a run of plan; results must be in
 // ascending order of retention and include the searched one (-1: none).
-func newReport(plan *Plan, a *analysis, results []Result, grid []time.Duration, searched time.Duration, bs *bootstrap, cfg *config) *Report {
+func newReport(plan *Plan, a *analysis, results []policyResult, grid []time.Duration, searched time.Duration, bs *bootstrap, cfg *config) *report {
 	opts := cfg.opts
-	r := &Report{
+	r := &report{
 		Workload: plan.Source,
 		Setup:    fmt.Sprintf("results of %s, lease %s, ", formatBytes(int64(opts.ResultSize)), shortDuration(opts.Lease)),
 		Target:   cfg.target,
@@ -159,7 +159,7 @@ func newReport(plan *Plan, a *analysis, results []Result, grid []time.Duration, 
 }
 
 // recommended returns the index of the recommended result, or -1.
-func (r *Report) recommended() int {
+func (r *report) recommended() int {
 	if r.TooSmall {
 		return -1
 	}
@@ -167,7 +167,7 @@ func (r *Report) recommended() int {
 }
 
 // interval formats a result's 95% interval.
-func (r *Report) interval(i int) string {
+func (r *report) interval(i int) string {
 	if r.Intervals == nil {
 		return ""
 	}
@@ -176,7 +176,7 @@ func (r *Report) interval(i int) string {
 }
 
 // WriteTable writes the report as an aligned text table.
-func (r *Report) WriteTable(w io.Writer) error {
+func (r *report) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "workload: %s\n", r.Workload)
 	if r.Keyless > 0 {
@@ -272,7 +272,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 }
 
 // gapLine summarises the retry gaps in one line.
-func (r *Report) gapLine() string {
+func (r *report) gapLine() string {
 	g := r.Gaps
 	if g.N == 0 {
 		return "retry gaps: none: no key was requested twice"
@@ -290,7 +290,7 @@ func (r *Report) gapLine() string {
 }
 
 // verdict is the recommendation, in a few lines.
-func (r *Report) verdict() string {
+func (r *report) verdict() string {
 	var b strings.Builder
 	if r.TooSmall {
 		need := int(math.Ceil(3 / r.Target))
@@ -356,7 +356,7 @@ func thousands(n int64) string {
 
 // nearestGrid returns the grid's results just below and just above result
 // i, where there are such.
-func (r *Report) nearestGrid(i int) []int {
+func (r *report) nearestGrid(i int) []int {
 	var out []int
 	for j := i - 1; j >= 0; j-- {
 		if r.Grid[j] {
@@ -435,7 +435,7 @@ type jsonGaps struct {
 
 // WriteJSON writes one JSON object per retention, one per line, then a
 // summary object.
-func (r *Report) WriteJSON(w io.Writer) error {
+func (r *report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	for i, res := range r.Results {
 		j := jsonResult{

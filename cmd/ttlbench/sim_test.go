@@ -43,9 +43,9 @@ func withinTwoHours(t *testing.T, p *Plan) {
 	}
 }
 
-func simulate(t *testing.T, p *Plan, opts options) []Result {
+func simulate(t *testing.T, p *Plan, opts options) []policyResult {
 	t.Helper()
-	rs, err := Simulate(context.Background(), p, opts.Policies, opts)
+	rs, err := simulateReal(context.Background(), p, opts.Policies, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func readTrace(t *testing.T, trace, engine string) *Plan {
 		f[1] = strconv.FormatInt(1_700_000_000_000+ms, 10)
 		b.WriteString(strings.Join(f, ",") + "\n")
 	}
-	p, err := ReadTrace(context.Background(), strings.NewReader(b.String()), traceFormat{KeepKeys: engine == engineReal})
+	p, err := parseTrace(context.Background(), strings.NewReader(b.String()), traceFormat{KeepKeys: engine == engineReal})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ type store interface {
 	refresh(key string, left time.Duration)
 	expire(key string)
 	// inspect reports whether key exists, its TTL in the store's time, and
-	// its size in bytes (see Result.BytesMethod).
+	// its size in bytes (see policyResult.BytesMethod).
 	inspect(ctx context.Context, key string) (ttl time.Duration, size int64, ok bool, err error)
 	// check compares the number of live records the run tracked with the
 	// store's own count, where that is cheap.

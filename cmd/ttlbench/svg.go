@@ -28,7 +28,7 @@ const (
 // duplicate rate, one labelled point per policy, the recommendation and the
 // target marked. It is hand-written SVG 1.1, without scripts or external
 // resources, to put in a design review.
-func (r *Report) SVG() []byte {
+func (r *report) SVG() []byte {
 	c := &canvas{}
 	c.printf(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif">`+"\n",
 		svgW, svgH, svgW, svgH)
@@ -89,7 +89,7 @@ func (r *Report) SVG() []byte {
 
 // drawAcceptable shades where a policy meets the target: at or below the
 // target's line, or only the zero row for a target of 0.
-func (r *Report) drawAcceptable(c *canvas, ys logScale) {
+func (r *report) drawAcceptable(c *canvas, ys logScale) {
 	if r.Target > 0 {
 		ty := ys.pos(r.Target)
 		c.printf(`<rect x="%d" y="%.1f" width="%d" height="%.1f" fill="#e8f5e9"/>`+"\n", plotL, ty, plotR-plotL, float64(axisY)-ty)
@@ -127,7 +127,7 @@ func drawAxes(c *canvas, xs, ys logScale) {
 
 // drawFootnotes says how memory was measured, and what hollow points mean,
 // in small print at the bottom.
-func (r *Report) drawFootnotes(c *canvas) {
+func (r *report) drawFootnotes(c *canvas) {
 	if len(r.Results) == 0 {
 		return
 	}
@@ -145,7 +145,7 @@ func (r *Report) drawFootnotes(c *canvas) {
 
 // drawTarget draws the target's line (for a target above 0) and its label,
 // placed where no point is, and returns the label's box.
-func (r *Report) drawTarget(c *canvas, ys logScale, pts []point) box {
+func (r *report) drawTarget(c *canvas, ys logScale, pts []point) box {
 	y, text := float64(zeroY+4), "target: no duplicates (-target 0)"
 	if r.Target > 0 {
 		ty := ys.pos(r.Target)
@@ -169,7 +169,7 @@ func (r *Report) drawTarget(c *canvas, ys logScale, pts []point) box {
 // drawPoints draws the curve through the policies, in order of retention,
 // and a point for each: the recommended one ringed, and hollow those whose
 // peak is not a steady state (the retention outlasts the arrivals).
-func (r *Report) drawPoints(c *canvas, pts []point) {
+func (r *report) drawPoints(c *canvas, pts []point) {
 	var line []string
 	for _, p := range pts {
 		line = append(line, fmt.Sprintf("%.1f,%.1f", p.x, p.y))
@@ -215,7 +215,7 @@ func (s logScale) pos(v float64) float64 {
 
 // scales fits the axes to the results: whole decades of duplicate rate
 // (with the target), and memory padded by a third on both sides.
-func (r *Report) scales() (xs, ys logScale) {
+func (r *report) scales() (xs, ys logScale) {
 	bmin, bmax := math.Inf(1), 0.0
 	rmin, rmax := math.Inf(1), 0.0
 	all := r.Results
@@ -325,7 +325,7 @@ func (a box) overlap(b box) float64 {
 // point: it tries spots around the point, nearest first, and takes the one
 // with the least overlap. Points that coincide share one label ("24h, 7d").
 // obstacles are boxes already taken by other text.
-func (r *Report) placeLabels(pts []point, obstacles []box) []label {
+func (r *report) placeLabels(pts []point, obstacles []box) []label {
 	placed := slices.Clone(obstacles)
 	var out []label
 	// Spots along the curve between the points, which a label should not

@@ -28,7 +28,7 @@ var retentionTicks = []time.Duration{
 // outcome was recorded (log-log), which is what a retention of R lets run
 // again, at most; beside it, on an axis of its own, the peak memory of
 // each retention replayed; the recommendation and its interval marked.
-func (r *Report) drawGaps(c *canvas) {
+func (r *report) drawGaps(c *canvas) {
 	c.text(svgW/2, gapTitleY, 16, "middle", "bold", "#222", "Retry gaps: how late requests come, and what keeping records that long costs")
 	if r.Gaps.N == 0 || len(r.Results) == 0 {
 		c.text(svgW/2, (gapT+gapB)/2, 13, "middle", "", "#555", "no key was requested twice: no gaps to show")

@@ -12,15 +12,15 @@ const pairColor = "#6a1b9a"
 
 // recommendedPair returns the recommended pair of the two-tier study, if
 // there is one.
-func (r *Report) recommendedPair() (Result, bool) {
+func (r *report) recommendedPair() (policyResult, bool) {
 	if r.Pairs == nil || r.Pairs.Recommended < 0 {
-		return Result{}, false
+		return policyResult{}, false
 	}
 	return r.Pairs.Results[r.Pairs.Recommended], true
 }
 
 // pairName names a pair as the options that set it.
-func pairName(res Result) string {
+func pairName(res policyResult) string {
 	return fmt.Sprintf("WithRetention(%s), WithTombstones(%s)", shortDuration(res.Retention), shortDuration(res.Tombstones))
 }
 
@@ -28,7 +28,7 @@ func pairName(res Result) string {
 // peak memory (records and tombstones) and duplicate rate (the span's), or
 // says why there is none; and returns its label, to be placed with the
 // others.
-func (r *Report) drawPair(c *canvas, xs, ys logScale) (point, string, bool) {
+func (r *report) drawPair(c *canvas, xs, ys logScale) (point, string, bool) {
 	if !r.TwoTier {
 		return point{}, "", false
 	}
@@ -56,7 +56,7 @@ func (r *Report) drawPair(c *canvas, xs, ys logScale) (point, string, bool) {
 // pair's tombstone window: retries with gaps from its retention to the
 // span find only the tombstone and are refused (ErrLateRetry). It returns
 // the drawing of its label, to run once the axes' text is taken.
-func (r *Report) drawTombstoneWindow(c *canvas, xs logScale, taken *[]box) func() {
+func (r *report) drawTombstoneWindow(c *canvas, xs logScale, taken *[]box) func() {
 	res, ok := r.recommendedPair()
 	if !ok {
 		return func() {}

@@ -212,7 +212,7 @@ var (
 	latest   = time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
 )
 
-// ReadTrace reads recorded requests, one per line, CSV (a field holding a
+// parseTrace reads recorded requests, one per line, CSV (a field holding a
 // comma or a quote is quoted; a quoted field ends on its line). Blank
 // lines and lines starting with '#' are skipped. Each request is one Do
 // call; the first request with a key (by time) is the operation's first
@@ -221,7 +221,7 @@ var (
 // engines need is kept, about 21 bytes a request and 22 a key while
 // reading (the key is kept as a 96-bit hash, see keyTable, and the
 // fingerprint as a 64-bit one), never the lines themselves.
-func ReadTrace(ctx context.Context, r io.Reader, f traceFormat) (*Plan, error) {
+func parseTrace(ctx context.Context, r io.Reader, f traceFormat) (*Plan, error) {
 	if f.TimeUnit == 0 {
 		f.TimeUnit = time.Millisecond
 	}
@@ -388,7 +388,7 @@ func (p *prefetcher) Close() error {
 	return nil
 }
 
-// traceReader holds what ReadTrace has read so far.
+// traceReader holds what parseTrace has read so far.
 type traceReader struct {
 	f          traceFormat
 	header     bool       // the next data line is the header

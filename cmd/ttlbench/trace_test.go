@@ -23,7 +23,7 @@ a,1700000000000
   a,1700000002000
 b,1700000001000,fp-other
 `
-	p, err := ReadTrace(context.Background(), strings.NewReader(in), traceFormat{KeepKeys: true})
+	p, err := parseTrace(context.Background(), strings.NewReader(in), traceFormat{KeepKeys: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestTraceFormats(t *testing.T) {
 			traceFormat{Columns: map[string]string{"key": "idempotency_key", "time": "ts", "fingerprint": "body_sha"}}},
 		{"gzip", gzipped(t, base), traceFormat{}},
 	} {
-		p, err := ReadTrace(context.Background(), strings.NewReader(tc.in), tc.f)
+		p, err := parseTrace(context.Background(), strings.NewReader(tc.in), tc.f)
 		if err != nil {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
@@ -110,7 +110,7 @@ func TestTraceFormats(t *testing.T) {
 
 func TestTraceDurations(t *testing.T) {
 	t.Parallel()
-	p, err := ReadTrace(context.Background(), strings.NewReader("key,time,fp,duration\na,1700000000000,,250\nb,1700000001000,,1.5s\nc,1700000002000\n"), traceFormat{})
+	p, err := parseTrace(context.Background(), strings.NewReader("key,time,fp,duration\na,1700000000000,,250\nb,1700000001000,,1.5s\nc,1700000002000\n"), traceFormat{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestReadTraceErrorsNameTheLine(t *testing.T) {
 		{"a,5\n", traceFormat{}, 1, "in no unit"},
 		{"a,1970-01-01T00:00:05Z\n", traceFormat{}, 1, "not between 1995 and 2100"},
 	} {
-		_, err := ReadTrace(context.Background(), strings.NewReader(tc.in), tc.f)
+		_, err := parseTrace(context.Background(), strings.NewReader(tc.in), tc.f)
 		var te *traceError
 		if tc.line == 0 {
 			if err == nil {
@@ -180,7 +180,7 @@ func TestReadTraceErrorsNameTheLine(t *testing.T) {
 			t.Errorf("%q: got %q (line %d), want line %d and %q", tc.in, err, te.Line, tc.line, tc.want)
 		}
 	}
-	if _, err := ReadTrace(context.Background(), strings.NewReader("# nothing\n\n"), traceFormat{}); err == nil {
+	if _, err := parseTrace(context.Background(), strings.NewReader("# nothing\n\n"), traceFormat{}); err == nil {
 		t.Error("an empty trace was accepted")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // TestBootstrapShrinks checks that the intervals narrow as the trace
@@ -31,7 +33,7 @@ func TestBootstrapShrinks(t *testing.T) {
 			rate := float64(a.duplicatesAt(r)) / float64(p.Ops())
 			iv := bs.rate[i]
 			if rate < iv[0] || rate > iv[1] {
-				t.Errorf("%d ops, %s: rate %v outside its interval %v", ops, shortDuration(r), rate, iv)
+				t.Errorf("%d ops, %s: rate %v outside its interval %v", ops, units.ShortDuration(r), rate, iv)
 			}
 			w.rate = append(w.rate, iv[1]-iv[0])
 		}
@@ -46,7 +48,7 @@ func TestBootstrapShrinks(t *testing.T) {
 	small, big := measure(4000), measure(100000)
 	for i, r := range policies {
 		if !(big.rate[i] > 0 && big.rate[i] < small.rate[i]/3) {
-			t.Errorf("%s: interval width %v with 25 times the traffic, against %v; want under a third", shortDuration(r), big.rate[i], small.rate[i])
+			t.Errorf("%s: interval width %v with 25 times the traffic, against %v; want under a third", units.ShortDuration(r), big.rate[i], small.rate[i])
 		}
 	}
 	if !(big.retention < small.retention/2) {

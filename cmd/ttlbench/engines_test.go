@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 	"pgregory.net/rapid"
 )
 
@@ -30,18 +32,18 @@ func TestEnginesAgree(t *testing.T) {
 			}
 			real, err := realPolicy(context.Background(), plan, r, opts, "test", 0, time.Now())
 			if err != nil {
-				t.Fatalf("retention %s: real engine: %v", shortDuration(r), err)
+				t.Fatalf("retention %s: real engine: %v", units.ShortDuration(r), err)
 			}
 			if fast != real {
-				t.Fatalf("retention %s:\nfast %+v\nreal %+v\ntrace:\n%s", shortDuration(r), fast, real, describePlan(plan))
+				t.Fatalf("retention %s:\nfast %+v\nreal %+v\ntrace:\n%s", units.ShortDuration(r), fast, real, describePlan(plan))
 			}
 			if got := a.duplicatesAt(r); got != fast.Duplicates {
 				t.Fatalf("retention %s: the keys' steps give %d duplicates, the engines %d\ntrace:\n%s",
-					shortDuration(r), got, fast.Duplicates, describePlan(plan))
+					units.ShortDuration(r), got, fast.Duplicates, describePlan(plan))
 			}
 			if runs := fast.Operations + fast.Duplicates; fast.Requests != runs+fast.Replays+fast.Conflicts+fast.InProgress {
 				t.Fatalf("retention %s: %d requests, but %d runs, %d replays, %d conflicts, %d in progress",
-					shortDuration(r), fast.Requests, runs, fast.Replays, fast.Conflicts, fast.InProgress)
+					units.ShortDuration(r), fast.Requests, runs, fast.Replays, fast.Conflicts, fast.InProgress)
 			}
 		}
 	})
@@ -49,7 +51,7 @@ func TestEnginesAgree(t *testing.T) {
 
 // drawTrace draws a small trace, two retentions and the options to replay
 // it with.
-func drawTrace(t *rapid.T) (*Plan, []time.Duration, options) {
+func drawTrace(t *rapid.T) (*traffic.Plan, []time.Duration, options) {
 	ms := time.Millisecond
 	lease := time.Duration(rapid.IntRange(1, 30).Draw(t, "lease_s")) * time.Second
 	var policies []time.Duration
@@ -65,10 +67,10 @@ func drawTrace(t *rapid.T) (*Plan, []time.Duration, options) {
 
 	names := []string{"a", "b", "k}x", `back\slash`, "0123456789abcdef0123456789abcdef0123"}
 	nkeys := rapid.IntRange(1, len(names)).Draw(t, "keys")
-	p := &Plan{Start: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+	p := &traffic.Plan{Start: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
 	for _, k := range names[:nkeys] {
 		p.Keys = append(p.Keys, k)
-		p.KeyLen = append(p.KeyLen, uint16(escapedLen(k)))
+		p.KeyLen = append(p.KeyLen, uint16(traffic.EscapedLen(k)))
 	}
 	withDur := rapid.Bool().Draw(t, "durations")
 	n := rapid.IntRange(1, 24).Draw(t, "requests")
@@ -81,7 +83,7 @@ func drawTrace(t *rapid.T) (*Plan, []time.Duration, options) {
 		at := now + time.Duration(rapid.IntRange(0, 150).Draw(t, "pause_s"))*time.Second
 		if i > 0 && rapid.IntRange(0, 2).Draw(t, "edge") > 0 {
 			j := rapid.IntRange(0, i-1).Draw(t, "earlier")
-			end := p.At[j] + p.duration(j)
+			end := p.At[j] + p.Duration(j)
 			switch rapid.IntRange(0, 6).Draw(t, "where") {
 			case 5:
 				at = end // the outcome is recorded at the request's time
@@ -96,7 +98,7 @@ func drawTrace(t *rapid.T) (*Plan, []time.Duration, options) {
 			case 3:
 				at = end + policies[0] + ms
 			default:
-				at = p.At[j] + p.duration(j)/2
+				at = p.At[j] + p.Duration(j)/2
 			}
 			at = max(at, 0)
 		}
@@ -112,7 +114,7 @@ func drawTrace(t *rapid.T) (*Plan, []time.Duration, options) {
 		}
 		now = max(now, at)
 	}
-	p.sortByTime(true)
+	p.SortByTime(true)
 	// Operations are the keys requested.
 	used := make([]bool, nkeys)
 	for _, op := range p.Op {
@@ -136,10 +138,10 @@ func drawTrace(t *rapid.T) (*Plan, []time.Duration, options) {
 }
 
 // describePlan lists a plan's requests, for a failure message.
-func describePlan(p *Plan) string {
+func describePlan(p *traffic.Plan) string {
 	var s string
 	for i := range p.Len() {
-		s += fmt.Sprintf("  %s key %q fp %d dur %s\n", p.At[i], p.Keys[p.Op[i]], p.FP[i], p.duration(i))
+		s += fmt.Sprintf("  %s key %q fp %d dur %s\n", p.At[i], p.Keys[p.Op[i]], p.FP[i], p.Duration(i))
 	}
 	return s
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
 )
 
 // The fast engine replays a Plan without Redis: it keeps, for each
@@ -58,7 +60,7 @@ func newRecordSizes(retention time.Duration, opts options) recordSizes {
 
 // of returns the bytes of op's record, finished or not, holding request
 // i's fingerprint (a 16-byte digest, or nothing).
-func (s recordSizes) of(p *Plan, op int32, i int32, finished bool) int64 {
+func (s recordSizes) of(p *traffic.Plan, op int32, i int32, finished bool) int64 {
 	n := s.base + int64(p.KeyLen[op])
 	if p.FP[i] != 0 {
 		n += 16
@@ -71,7 +73,7 @@ func (s recordSizes) of(p *Plan, op int32, i int32, finished bool) int64 {
 
 // fastPolicy replays plan with one retention and returns what it made of
 // it. opts.Progress, when not nil, is incremented as requests are replayed.
-func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options) (policyResult, error) {
+func fastPolicy(ctx context.Context, plan *traffic.Plan, retention time.Duration, opts options) (policyResult, error) {
 	return fastPair(ctx, plan, retention, 0, opts, nil)
 }
 
@@ -80,7 +82,7 @@ func fastPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts o
 // tombstones.go), and returns what it made of it. With late not nil, it
 // appends the gap of every request refused as a late retry: the time from
 // the recording of its key's last run, in nanoseconds.
-func fastPair(ctx context.Context, plan *Plan, retention, tombstones time.Duration, opts options, late *[]int64) (policyResult, error) {
+func fastPair(ctx context.Context, plan *traffic.Plan, retention, tombstones time.Duration, opts options, late *[]int64) (policyResult, error) {
 	res := policyResult{
 		Retention:   retention,
 		Tombstones:  tombstones,
@@ -152,7 +154,7 @@ func fastPair(ctx context.Context, plan *Plan, retention, tombstones time.Durati
 
 // A sweep is the state of one replay by the fast engine.
 type sweep struct {
-	plan  *Plan
+	plan  *traffic.Plan
 	sizes recordSizes
 	r     int64 // the retention, in nanoseconds
 
@@ -198,7 +200,7 @@ func (sw *sweep) claim(i int32, t int64) {
 	sw.runs++
 	sw.live++
 	sw.holder[op] = i
-	if d := sw.plan.duration(int(i)); d > 0 {
+	if d := sw.plan.Duration(int(i)); d > 0 {
 		sw.state[op] = -(t + int64(d))
 		sw.running.push(i, t+int64(d))
 		sw.bytes += sw.sizes.of(sw.plan, op, i, false)

@@ -13,11 +13,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // config is what the command line asks for.
 type config struct {
-	work      Workload
+	work      traffic.Workload
 	trace     string // file of recorded requests, or "-" for stdin; replaces work
 	format    traceFormat
 	columns   string // -columns, parsed into format
@@ -52,7 +55,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.SetOutput(io.Discard) // errors are reported by run, help by usage
 	fs.Usage = func() {}
 
-	cfg.work = Workload{
+	cfg.work = traffic.Workload{
 		Ops: 5000, Rate: 0.05, Seed: 1,
 		TimeoutShare: 0.05, Retries: 5, RetryBase: time.Second, RetryFactor: 2, RetryJitter: 0.2, RetryCap: time.Minute,
 		LateShare: 0.02, LateMedian: 5 * time.Minute, LateP99: 2 * time.Hour,
@@ -180,16 +183,16 @@ func (cfg *config) check(set map[string]bool) error {
 			bad("retry-factor", "must be at least 1, got %v", w.RetryFactor)
 		}
 		if w.RetryCap < w.RetryBase {
-			bad("retry-cap", "must be at least -retry-base (%s), got %s", shortDuration(w.RetryBase), w.RetryCap)
+			bad("retry-cap", "must be at least -retry-base (%s), got %s", units.ShortDuration(w.RetryBase), w.RetryCap)
 		}
 		if w.LateMedian <= 0 {
 			bad("late-median", "must be positive, got %s", w.LateMedian)
 		}
 		if w.LateP99 <= w.LateMedian {
-			bad("late-p99", "must be longer than -late-median (%s), got %s", shortDuration(w.LateMedian), w.LateP99)
+			bad("late-p99", "must be longer than -late-median (%s), got %s", units.ShortDuration(w.LateMedian), w.LateP99)
 		}
-		if w.OpTime < 0 || w.OpTime > maxDelay {
-			bad("op-time", "must be between 0 and %s, got %s", shortDuration(maxDelay), w.OpTime)
+		if w.OpTime < 0 || w.OpTime > traffic.MaxDelay {
+			bad("op-time", "must be between 0 and %s, got %s", units.ShortDuration(traffic.MaxDelay), w.OpTime)
 		}
 	}
 	switch {
@@ -202,7 +205,7 @@ func (cfg *config) check(set map[string]bool) error {
 	}
 	if cfg.opts.Engine == engineReal && cfg.trace == "" && w.OpTime >= o.Lease {
 		bad("op-time", "-engine real replays on a virtual clock, where idem renews no lease: each fn must be shorter than the lease (-lease %s), got %s",
-			shortDuration(o.Lease), shortDuration(w.OpTime))
+			units.ShortDuration(o.Lease), units.ShortDuration(w.OpTime))
 	}
 	if cfg.resamples < 0 || cfg.resamples > 100000 {
 		bad("bootstrap", "must be between 0 and 100000, got %d", cfg.resamples)
@@ -214,7 +217,7 @@ func (cfg *config) check(set map[string]bool) error {
 	for _, p := range o.Policies {
 		if p < o.Lease {
 			bad("policies", "retention %s is shorter than the lease (-lease %s), which idem rejects; lower -lease",
-				shortDuration(p), shortDuration(o.Lease))
+				units.ShortDuration(p), units.ShortDuration(o.Lease))
 			break
 		}
 	}
@@ -250,7 +253,7 @@ func (cfg *config) check(set map[string]bool) error {
 		if l := time.Duration(float64(o.Lease) / o.TimeScale); l < minRealLease {
 			bad("time-scale", "%v leaves the lease (-lease %s) %s of real time, under the %s a lease needs to survive a "+
 				"loaded machine (the run would die mid-way with \"lease lost\"); the largest safe -time-scale is %s, or raise -lease",
-				o.TimeScale, shortDuration(o.Lease), l.Round(time.Microsecond), minRealLease, maxTimeScale(o.Lease))
+				o.TimeScale, units.ShortDuration(o.Lease), l.Round(time.Microsecond), minRealLease, maxTimeScale(o.Lease))
 		}
 		if _, err := redisOptions(o.Redis); err != nil {
 			errs = append(errs, err)
@@ -266,7 +269,7 @@ func (cfg *config) check(set map[string]bool) error {
 
 // plan returns the traffic to replay: the trace, or the model's. Reading
 // a trace counts its bytes on prog.
-func (cfg *config) plan(ctx context.Context, stdin io.Reader, prog *progress) (*Plan, error) {
+func (cfg *config) plan(ctx context.Context, stdin io.Reader, prog *progress) (*traffic.Plan, error) {
 	keys := cfg.opts.Engine == engineReal
 	if cfg.trace == "" {
 		return cfg.work.Plan(keys), nil
@@ -300,7 +303,7 @@ func (cfg *config) plan(ctx context.Context, stdin io.Reader, prog *progress) (*
 			if d >= cfg.opts.Lease {
 				return nil, fmt.Errorf("-trace %s: request %d (key %q) runs fn for %s: -engine real replays on a virtual clock, "+
 					"where idem renews no lease, so each fn must be shorter than the lease (-lease %s); use -engine fast",
-					name, i+1, p.Keys[p.Op[i]], shortDuration(d), shortDuration(cfg.opts.Lease))
+					name, i+1, p.Keys[p.Op[i]], units.ShortDuration(d), units.ShortDuration(cfg.opts.Lease))
 			}
 		}
 	}
@@ -362,7 +365,7 @@ func (v durationValue) String() string {
 	if v.d == nil {
 		return ""
 	}
-	return shortDuration(*v.d)
+	return units.ShortDuration(*v.d)
 }
 
 // Set parses a duration, days allowed.
@@ -385,7 +388,7 @@ func (v policiesValue) String() string {
 	}
 	var s []string
 	for _, p := range *v.ps {
-		s = append(s, shortDuration(p))
+		s = append(s, units.ShortDuration(p))
 	}
 	return strings.Join(s, ",")
 }

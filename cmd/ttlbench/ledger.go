@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // Ledger rows (idemsql, idempgx): how long to keep them, the retention
@@ -61,10 +63,10 @@ func goDuration(d time.Duration) string {
 func (a ledgerAdvice) lines() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "ledger rows (idemsql, idempgx): keep %s, Prune(ctx, time.Now().Add(-%s)), the longest of\n  ",
-		shortDuration(a.Age), goDuration(a.Age))
+		units.ShortDuration(a.Age), goDuration(a.Age))
 	var parts []string
 	if a.Retention > 0 {
-		parts = append(parts, "the retention ("+shortDuration(a.Retention)+")")
+		parts = append(parts, "the retention ("+units.ShortDuration(a.Retention)+")")
 	}
 	if a.Longest > 0 {
 		parts = append(parts, fmt.Sprintf("twice the longest retry gap (%d × %s)", pruneFactor, roughDuration(a.Longest)))

@@ -11,6 +11,9 @@ import (
 	"runtime/debug"
 	"slices"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // main runs the command until it is done or interrupted (Ctrl-C).
@@ -84,7 +87,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // study answers the question for plan: the duplicates at every retention
 // (analyse), the smallest retention meeting the target, the replay of the
 // grid's retentions and that one, and the bootstrap intervals.
-func study(ctx context.Context, cfg *config, plan *Plan, prog *progress) (*report, error) {
+func study(ctx context.Context, cfg *config, plan *traffic.Plan, prog *progress) (*report, error) {
 	opts := cfg.opts
 	grid := opts.Policies
 	prog.phase("grouping requests by key", "", 0)
@@ -111,7 +114,7 @@ func study(ctx context.Context, cfg *config, plan *Plan, prog *progress) (*repor
 		for _, r := range results {
 			if want := a.duplicatesAt(r.Retention); r.Duplicates != want {
 				return nil, fmt.Errorf("internal error: retention %s: the replay counts %d duplicates, the keys' steps %d",
-					shortDuration(r.Retention), r.Duplicates, want)
+					units.ShortDuration(r.Retention), r.Duplicates, want)
 			}
 		}
 	}

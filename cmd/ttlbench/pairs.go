@@ -12,6 +12,9 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // The two-tier policy (-tombstones): records kept for a retention R, then
@@ -58,7 +61,7 @@ type pairStudy struct {
 // below it and the shortest whose late retries are within lateTarget, each
 // with the tombstones that fill up the span. baseline is span's replay
 // without tombstones.
-func studyPairs(ctx context.Context, plan *Plan, opts options, grid []time.Duration, span time.Duration, baseline policyResult, lateTarget float64) (*pairStudy, error) {
+func studyPairs(ctx context.Context, plan *traffic.Plan, opts options, grid []time.Duration, span time.Duration, baseline policyResult, lateTarget float64) (*pairStudy, error) {
 	ps := &pairStudy{Span: span, LateTarget: lateTarget, Recommended: -1, Baseline: baseline, TombstoneBytes: opts.TombstoneBytes, Floor: opts.Lease}
 	lease := opts.Lease
 	if span <= lease {
@@ -109,7 +112,7 @@ func studyPairs(ctx context.Context, plan *Plan, opts options, grid []time.Durat
 	for i, res := range results {
 		if want := lateAt(res.Retention); res.LateRetries != want || res.Duplicates != results[0].Duplicates {
 			return nil, fmt.Errorf("internal error: retention %s with tombstones %s: the replay counts %d late retries and %d duplicates, "+
-				"the gaps %d and %d", shortDuration(res.Retention), shortDuration(res.Tombstones), res.LateRetries, res.Duplicates, want, results[0].Duplicates)
+				"the gaps %d and %d", units.ShortDuration(res.Retention), units.ShortDuration(res.Tombstones), res.LateRetries, res.Duplicates, want, results[0].Duplicates)
 		}
 		// The span alone is a pair too, without tombstones' memory: the
 		// pair must take less.
@@ -142,16 +145,16 @@ func shortestFor(gaps []int64, limit float64, floor, span time.Duration) time.Du
 func (ps *pairStudy) write(b *strings.Builder) error {
 	fmt.Fprintf(b, "\ntwo tiers (-tombstones): records kept for a retention, then tombstones (idem.WithTombstones) up to %s,\n"+
 		"the span that meets -target; a retry that finds only the tombstone is refused (ErrLateRetry, fn not run)\n\n",
-		shortDuration(ps.Span))
+		units.ShortDuration(ps.Span))
 	if len(ps.Results) > 0 {
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "retention\ttombstones\treplays\tlate retries\tlate rate\tduplicates\tpeak records\tpeak tombstones\tpeak bytes\t")
 		row := func(res policyResult, mark string) {
 			tomb := "none"
 			if res.Tombstones > 0 {
-				tomb = shortDuration(res.Tombstones)
+				tomb = units.ShortDuration(res.Tombstones)
 			}
-			fmt.Fprintf(tw, "%s%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t\n", shortDuration(res.Retention), mark, tomb,
+			fmt.Fprintf(tw, "%s%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t\n", units.ShortDuration(res.Retention), mark, tomb,
 				res.Replays, res.LateRetries, rate(lateRate(res)), res.Duplicates, res.PeakRecords, res.PeakTombstones, formatBytes(res.PeakBytes))
 		}
 		for i, res := range ps.Results {
@@ -170,27 +173,27 @@ func (ps *pairStudy) write(b *strings.Builder) error {
 	base := ps.Baseline
 	switch {
 	case ps.Span <= ps.Floor:
-		fmt.Fprintf(b, "recommended pair: none: %s is the lease (-lease), and no retention is shorter\n", shortDuration(ps.Span))
+		fmt.Fprintf(b, "recommended pair: none: %s is the lease (-lease), and no retention is shorter\n", units.ShortDuration(ps.Span))
 	case ps.TooSmall:
 		fmt.Fprintf(b, "recommended pair: none: the traffic is too small to show a late-retry rate as low as %s (-late-target):\n"+
 			"  with %d operations, replay at least %d, or raise -late-target\n",
 			rate(ps.LateTarget), base.Operations, int(math.Ceil(3/ps.LateTarget)))
 	case ps.Recommended < 0 && ps.shortest() < 0:
 		fmt.Fprintf(b, "recommended pair: none: only %s itself keeps late retries within %s (-late-target): keep it, without tombstones\n",
-			shortDuration(ps.Span), rate(ps.LateTarget))
+			units.ShortDuration(ps.Span), rate(ps.LateTarget))
 	case ps.Recommended < 0:
 		res := ps.Results[ps.shortest()]
 		fmt.Fprintf(b, "recommended pair: none: %s, the shortest retention whose late retries are at most %s (-late-target),\n"+
 			"  takes %s at the peak with its tombstones, and %s alone %s: keep %s, without tombstones\n",
-			shortDuration(res.Retention), rate(ps.LateTarget), formatBytes(res.PeakBytes), shortDuration(base.Retention), formatBytes(base.PeakBytes), shortDuration(base.Retention))
+			units.ShortDuration(res.Retention), rate(ps.LateTarget), formatBytes(res.PeakBytes), units.ShortDuration(base.Retention), formatBytes(base.PeakBytes), units.ShortDuration(base.Retention))
 	default:
 		res := ps.Results[ps.Recommended]
 		fmt.Fprintf(b, "recommended pair: WithRetention(%s), WithTombstones(%s) (*): the shortest retention whose late retries\n"+
 			"  are at most %s of operations (-late-target), with tombstones up to the %s that meets -target:\n",
-			shortDuration(res.Retention), shortDuration(res.Tombstones), rate(ps.LateTarget), shortDuration(ps.Span))
-		fmt.Fprintf(b, "  peak %s against %s for %s without tombstones", formatBytes(res.PeakBytes), formatBytes(base.PeakBytes), shortDuration(base.Retention))
+			units.ShortDuration(res.Retention), units.ShortDuration(res.Tombstones), rate(ps.LateTarget), units.ShortDuration(ps.Span))
+		fmt.Fprintf(b, "  peak %s against %s for %s without tombstones", formatBytes(res.PeakBytes), formatBytes(base.PeakBytes), units.ShortDuration(base.Retention))
 		if base.PeakBytes > 0 && res.PeakBytes < base.PeakBytes {
-			fmt.Fprintf(b, " (%s less)", percent(1-float64(res.PeakBytes)/float64(base.PeakBytes)))
+			fmt.Fprintf(b, " (%s less)", units.Percent(1-float64(res.PeakBytes)/float64(base.PeakBytes)))
 		}
 		fmt.Fprintf(b, ";\n  %s refused (%s), %d duplicates (%s)\n", plural(res.LateRetries, "late retry", "late retries"), rate(lateRate(res)), res.Duplicates, rate(res.DuplicateRate()))
 	}
@@ -271,8 +274,8 @@ func (ps *pairStudy) writeJSON(enc *json.Encoder) error {
 	for i, res := range ps.Results {
 		var j jsonPair
 		p := &j.Pair
-		p.Retention, p.RetentionMS = shortDuration(res.Retention), res.Retention.Milliseconds()
-		p.Tombstones, p.TombstonesMS = shortDuration(res.Tombstones), res.Tombstones.Milliseconds()
+		p.Retention, p.RetentionMS = units.ShortDuration(res.Retention), res.Retention.Milliseconds()
+		p.Tombstones, p.TombstonesMS = units.ShortDuration(res.Tombstones), res.Tombstones.Milliseconds()
 		p.Replays, p.InProgress, p.Conflicts = res.Replays, res.InProgress, res.Conflicts
 		p.LateRetries, p.LateRate = res.LateRetries, lateRate(res)
 		p.Duplicates, p.DuplicateRate = res.Duplicates, res.DuplicateRate()
@@ -292,8 +295,8 @@ func (ps *pairStudy) summary() *jsonPairSummary {
 	if ps.Recommended >= 0 {
 		res := ps.Results[ps.Recommended]
 		s.RecommendedPair = true
-		s.Retention, s.RetentionMS = shortDuration(res.Retention), res.Retention.Milliseconds()
-		s.Tombstones, s.TombstonesMS = shortDuration(res.Tombstones), res.Tombstones.Milliseconds()
+		s.Retention, s.RetentionMS = units.ShortDuration(res.Retention), res.Retention.Milliseconds()
+		s.Tombstones, s.TombstonesMS = units.ShortDuration(res.Tombstones), res.Tombstones.Milliseconds()
 		s.PeakBytes = res.PeakBytes
 	}
 	return s

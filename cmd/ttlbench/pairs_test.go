@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // TestTombstoneEdges checks a tombstone's life at its edges: a retry 1ms
@@ -110,14 +112,14 @@ func TestPairsAreCheapest(t *testing.T) {
 			t.Fatal(err)
 		}
 		if ps.Recommended < 0 {
-			t.Fatalf("seed %d: no pair recommended for span %s", seed, shortDuration(span))
+			t.Fatalf("seed %d: no pair recommended for span %s", seed, units.ShortDuration(span))
 		}
 		best := ps.Results[ps.Recommended]
 		t.Logf("seed %d: span %s, recommended %s + %s: %d late retries, %d duplicates, %d bytes against %d",
-			seed, shortDuration(span), shortDuration(best.Retention), shortDuration(best.Tombstones), best.LateRetries, best.Duplicates, best.PeakBytes, base.PeakBytes)
+			seed, units.ShortDuration(span), units.ShortDuration(best.Retention), units.ShortDuration(best.Tombstones), best.LateRetries, best.Duplicates, best.PeakBytes, base.PeakBytes)
 		limit := int(lateTarget * float64(p.Ops()))
 		if best.LateRetries > limit {
-			t.Errorf("seed %d: the recommended %s refuses %d late retries, over %d", seed, shortDuration(best.Retention), best.LateRetries, limit)
+			t.Errorf("seed %d: the recommended %s refuses %d late retries, over %d", seed, units.ShortDuration(best.Retention), best.LateRetries, limit)
 		}
 		var prev policyResult
 		for k := 0; k <= 40; k++ {
@@ -130,15 +132,15 @@ func TestPairsAreCheapest(t *testing.T) {
 				t.Fatal(err)
 			}
 			if res.Duplicates > base.Duplicates {
-				t.Errorf("seed %d: %s with tombstones to %s: %d duplicates, more than %d without", seed, shortDuration(r), shortDuration(span), res.Duplicates, base.Duplicates)
+				t.Errorf("seed %d: %s with tombstones to %s: %d duplicates, more than %d without", seed, units.ShortDuration(r), units.ShortDuration(span), res.Duplicates, base.Duplicates)
 			}
 			if k > 0 && (res.Duplicates != prev.Duplicates || res.LateRetries > prev.LateRetries || res.PeakBytes < prev.PeakBytes) {
-				t.Errorf("seed %d: %s: %d duplicates, %d late, %d bytes; %s: %d, %d, %d", seed, shortDuration(r), res.Duplicates, res.LateRetries,
-					res.PeakBytes, shortDuration(prev.Retention), prev.Duplicates, prev.LateRetries, prev.PeakBytes)
+				t.Errorf("seed %d: %s: %d duplicates, %d late, %d bytes; %s: %d, %d, %d", seed, units.ShortDuration(r), res.Duplicates, res.LateRetries,
+					res.PeakBytes, units.ShortDuration(prev.Retention), prev.Duplicates, prev.LateRetries, prev.PeakBytes)
 			}
 			if r < best.Retention*99/100-time.Second && res.LateRetries <= limit {
 				t.Errorf("seed %d: %s refuses %d late retries, within %d, and is shorter than the recommended %s",
-					seed, shortDuration(r), res.LateRetries, limit, shortDuration(best.Retention))
+					seed, units.ShortDuration(r), res.LateRetries, limit, units.ShortDuration(best.Retention))
 			}
 			prev = res
 		}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // options say how a Plan is replayed.
@@ -93,7 +95,7 @@ const (
 // returns the results in the order of policies. The real engine runs all
 // policies at once (each waits on its store); the fast engine runs as many
 // at once as there are CPUs, each holding 12 bytes per operation.
-func simulateReal(parent context.Context, plan *Plan, policies []time.Duration, opts options) ([]policyResult, error) {
+func simulateReal(parent context.Context, plan *traffic.Plan, policies []time.Duration, opts options) ([]policyResult, error) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	results := make([]policyResult, len(policies))
@@ -122,7 +124,7 @@ func simulateReal(parent context.Context, plan *Plan, policies []time.Duration, 
 				results[i], err = fastPolicy(ctx, plan, retention, opts)
 			}
 			if err != nil {
-				errs[i] = fmt.Errorf("retention %s: %w", shortDuration(retention), err)
+				errs[i] = fmt.Errorf("retention %s: %w", units.ShortDuration(retention), err)
 				cancel() // the others' results are of no use now
 			}
 		})
@@ -146,7 +148,7 @@ func simulateReal(parent context.Context, plan *Plan, policies []time.Duration, 
 
 // realPolicy replays plan through the library with one retention, on a
 // store of its own.
-func realPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options, runID string, n int, startAt time.Time) (policyResult, error) {
+func realPolicy(ctx context.Context, plan *traffic.Plan, retention time.Duration, opts options, runID string, n int, startAt time.Time) (policyResult, error) {
 	tap := &keyTap{}
 	var st store
 	var err error
@@ -175,7 +177,7 @@ type flight struct {
 // event at a time in virtual-time order: each request, and each recording
 // of an outcome of an fn that runs for a while, which comes before the
 // requests of its time (see fast.go for the order of events).
-func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts options, st store, tap *keyTap) (policyResult, error) {
+func runPolicy(ctx context.Context, plan *traffic.Plan, retention time.Duration, opts options, st store, tap *keyTap) (policyResult, error) {
 	res := policyResult{
 		Retention:   retention,
 		Operations:  plan.Ops(),
@@ -265,7 +267,7 @@ func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts op
 		return nil
 	}
 	describe := func(i int32) string {
-		return fmt.Sprintf("request %d (key %q at %s)", i+1, plan.Keys[plan.Op[i]], shortDuration(plan.At[i]))
+		return fmt.Sprintf("request %d (key %q at %s)", i+1, plan.Keys[plan.Op[i]], units.ShortDuration(plan.At[i]))
 	}
 	// land records the outcome of the earliest flight.
 	land := func() error {
@@ -305,7 +307,7 @@ func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts op
 		}
 		var out []byte
 		var err error
-		if d := plan.duration(int(i)); d > 0 {
+		if d := plan.Duration(int(i)); d > 0 {
 			f := &flight{i: i, release: make(chan struct{}), done: make(chan error, 1)}
 			started := make(chan struct{})
 			slow := func(ctx context.Context) ([]byte, error) {
@@ -316,7 +318,7 @@ func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts op
 			replied := make(chan struct{})
 			go func() {
 				var e error
-				out, e = c.Do(ctx, key, plan.fingerprint(int(i)), slow)
+				out, e = c.Do(ctx, key, plan.Fingerprint(int(i)), slow)
 				err = e
 				close(replied)
 				f.done <- e
@@ -338,7 +340,7 @@ func runPolicy(ctx context.Context, plan *Plan, retention time.Duration, opts op
 		} else {
 			// fn's result reuses one buffer: Do has sent it to Redis by the
 			// time it returns.
-			out, err = c.Do(ctx, key, plan.fingerprint(int(i)), fn)
+			out, err = c.Do(ctx, key, plan.Fingerprint(int(i)), fn)
 		}
 		ran := runs[op] > before
 		switch {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
 	"github.com/idem-go/idem/internal/redistest"
 )
 
@@ -38,7 +39,7 @@ func TestRecordSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	payload := int64(len(keys[0]) + len(val))
-	plan := &Plan{KeyLen: []uint16{uint16(len(key))}, FP: []uint64{1}}
+	plan := &traffic.Plan{KeyLen: []uint16{uint16(len(key))}, FP: []uint64{1}}
 	sizes := newRecordSizes(24*time.Hour, options{Lease: 30 * time.Second, ResultSize: 100})
 	if got := sizes.of(plan, 0, 0, true); got != payload {
 		t.Errorf("the fast engine counts %d bytes for the record; its key and value hold %d", got, payload)

@@ -12,6 +12,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // What a finished record with a UUID key, a fingerprint and a 100-byte
@@ -93,11 +96,11 @@ type survivalPoint struct {
 
 // newReport builds the report of a run of plan; results must be in
 // ascending order of retention and include the searched one (-1: none).
-func newReport(plan *Plan, a *analysis, results []policyResult, grid []time.Duration, searched time.Duration, bs *bootstrap, cfg *config) *report {
+func newReport(plan *traffic.Plan, a *analysis, results []policyResult, grid []time.Duration, searched time.Duration, bs *bootstrap, cfg *config) *report {
 	opts := cfg.opts
 	r := &report{
 		Workload: plan.Source,
-		Setup:    fmt.Sprintf("results of %s, lease %s, ", formatBytes(int64(opts.ResultSize)), shortDuration(opts.Lease)),
+		Setup:    fmt.Sprintf("results of %s, lease %s, ", formatBytes(int64(opts.ResultSize)), units.ShortDuration(opts.Lease)),
 		Target:   cfg.target,
 		Results:  results,
 		Searched: -1,
@@ -116,8 +119,8 @@ func newReport(plan *Plan, a *analysis, results []policyResult, grid []time.Dura
 	r.Traffic = fmt.Sprintf("%s of traffic: %d requests for %d operations", roughDuration(plan.Span()), plan.Len(), plan.Ops())
 	if later > 0 {
 		r.Traffic += fmt.Sprintf(", %d of them retries", later)
-		if late := plan.Count(Late); late > 0 {
-			r.Traffic += fmt.Sprintf(" (%d after a client timeout, %d late redeliveries)", plan.Count(Retry), late)
+		if late := plan.Count(traffic.Late); late > 0 {
+			r.Traffic += fmt.Sprintf(" (%d after a client timeout, %d late redeliveries)", plan.Count(traffic.Retry), late)
 		}
 	}
 	switch {
@@ -213,7 +216,7 @@ func (r *report) WriteTable(w io.Writer) error {
 		if i == r.recommended() {
 			mark = " *"
 		}
-		row := fmt.Sprintf("%s%s\t%d\t", shortDuration(res.Retention), mark, res.Replays)
+		row := fmt.Sprintf("%s%s\t%d\t", units.ShortDuration(res.Retention), mark, res.Replays)
 		if inProgress {
 			row += fmt.Sprintf("%d\t", res.InProgress)
 		}
@@ -235,7 +238,7 @@ func (r *report) WriteTable(w io.Writer) error {
 	var long []string
 	for _, res := range r.Results {
 		if res.Retention > r.Arrivals {
-			long = append(long, shortDuration(res.Retention))
+			long = append(long, units.ShortDuration(res.Retention))
 		}
 	}
 	if len(long) > 0 {
@@ -306,20 +309,20 @@ func (r *report) verdict() string {
 	}
 	res := r.Results[i]
 	fmt.Fprintf(&b, "recommended: %s (*), the shortest retention with a duplicate rate of at most %s (-target), searched to 1%% or 1s:\n",
-		shortDuration(res.Retention), rate(r.Target))
+		units.ShortDuration(res.Retention), rate(r.Target))
 	fmt.Fprintf(&b, "  duplicate rate %s (%d in %d operations), peak %d records, %s", rate(res.DuplicateRate()), res.Duplicates, r.Ops,
 		res.PeakRecords, formatBytes(res.PeakBytes))
 	var near []string
 	for _, j := range r.nearestGrid(i) {
 		g := r.Results[j]
-		near = append(near, fmt.Sprintf("%s %s (rate %s)", shortDuration(g.Retention), formatBytes(g.PeakBytes), rate(g.DuplicateRate())))
+		near = append(near, fmt.Sprintf("%s %s (rate %s)", units.ShortDuration(g.Retention), formatBytes(g.PeakBytes), rate(g.DuplicateRate())))
 	}
 	if len(near) > 0 {
 		fmt.Fprintf(&b, "; on the grid, %s", strings.Join(near, " and "))
 	}
 	b.WriteString("\n")
 	if r.Floor > 0 && res.Retention == r.Floor {
-		fmt.Fprintf(&b, "  that is the lease (-lease %s): idem takes no shorter retention\n", shortDuration(r.Floor))
+		fmt.Fprintf(&b, "  that is the lease (-lease %s): idem takes no shorter retention\n", units.ShortDuration(r.Floor))
 	}
 	switch {
 	case res.Duplicates == 0 && r.Ops <= 3:
@@ -330,7 +333,7 @@ func (r *report) verdict() string {
 	}
 	if r.Resamples > 0 {
 		fmt.Fprintf(&b, "  95%% interval of the retention, from %d bootstrap resamples of the keys: %s–%s\n",
-			r.Resamples, shortDuration(r.RetentionInterval[0]), shortDuration(r.RetentionInterval[1]))
+			r.Resamples, units.ShortDuration(r.RetentionInterval[0]), units.ShortDuration(r.RetentionInterval[1]))
 	}
 	if r.Target == 0 && r.Gaps.N > 0 && res.Duplicates == 0 {
 		// The smallest round rate that this many operations can show.
@@ -439,7 +442,7 @@ func (r *report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	for i, res := range r.Results {
 		j := jsonResult{
-			Retention:     shortDuration(res.Retention),
+			Retention:     units.ShortDuration(res.Retention),
 			RetentionMS:   res.Retention.Milliseconds(),
 			Operations:    res.Operations,
 			Requests:      res.Requests,
@@ -475,14 +478,14 @@ func (r *report) WriteJSON(w io.Writer) error {
 	}
 	m.Target, m.Operations, m.TooSmall, m.Resamples, m.SkippedKeyless = r.Target, r.Ops, r.TooSmall, r.Resamples, r.Keyless
 	if i := r.recommended(); i >= 0 {
-		m.Recommended = shortDuration(r.Results[i].Retention)
+		m.Recommended = units.ShortDuration(r.Results[i].Retention)
 		m.RecommendedMS = r.Results[i].Retention.Milliseconds()
 		if r.Resamples > 0 {
 			lo, hi := r.RetentionInterval[0].Milliseconds(), r.RetentionInterval[1].Milliseconds()
 			m.RetentionLowMS, m.RetentionHighMS = &lo, &hi
 		}
 	}
-	m.LedgerPrune, m.LedgerPruneMS = shortDuration(r.Ledger.Age), r.Ledger.Age.Milliseconds()
+	m.LedgerPrune, m.LedgerPruneMS = units.ShortDuration(r.Ledger.Age), r.Ledger.Age.Milliseconds()
 	g := r.Gaps
 	m.Gaps = jsonGaps{Count: g.N, InProgress: g.InProgress, MaxMS: g.Max.Milliseconds()}
 	if len(g.Quantiles) == 4 {
@@ -522,50 +525,13 @@ func writeFileAtomic(path string, data []byte) (err error) {
 	return os.Rename(f.Name(), path)
 }
 
-// shortDuration formats d without zero units: 1m, 10m, 1h30m, 24h, and
-// whole days from 48h up: 7d.
-func shortDuration(d time.Duration) string {
-	if d >= 48*time.Hour {
-		days := d / (24 * time.Hour)
-		s := strconv.FormatInt(int64(days), 10) + "d"
-		if rest := d - days*24*time.Hour; rest > 0 {
-			s += shortDuration(rest)
-		}
-		return s
-	}
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
-
 // roughDuration formats a span to a precision a reader wants: minutes from
 // an hour up, seconds below.
 func roughDuration(d time.Duration) string {
 	if d >= time.Hour {
-		return shortDuration(d.Round(time.Minute))
+		return units.ShortDuration(d.Round(time.Minute))
 	}
-	return shortDuration(d.Round(time.Second))
-}
-
-// percent formats a share, 0.05 as "5%".
-func percent(x float64) string {
-	v := 100 * x
-	if v == 0 || math.IsInf(v, 0) || math.IsNaN(v) {
-		return strconv.FormatFloat(v, 'g', 3, 64) + "%"
-	}
-	// Three significant digits, never an exponent: 0.0000643%, not 6.43e-05%.
-	v, _ = strconv.ParseFloat(strconv.FormatFloat(v, 'g', 3, 64), 64)
-	decimals := max(0, 2-int(math.Floor(math.Log10(math.Abs(v)))))
-	s := strconv.FormatFloat(v, 'f', decimals, 64)
-	if strings.Contains(s, ".") {
-		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
-	}
-	return s + "%"
+	return units.ShortDuration(d.Round(time.Second))
 }
 
 // rate formats a duplicate rate: exactly "0" for none, else a percentage.
@@ -573,7 +539,7 @@ func rate(x float64) string {
 	if x == 0 {
 		return "0"
 	}
-	return percent(x)
+	return units.Percent(x)
 }
 
 // formatBytes formats a size with binary units: 512 B, 1.5 KiB, 3.2 MiB.

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
 )
 
 // Duplicates as a function of the retention.
@@ -62,7 +64,7 @@ type analysis struct {
 // analyse groups the plan's requests by key and finds each key's steps, on
 // all CPUs. exact are retentions at which ladder-evaluated keys must be
 // exact too (the policies reported).
-func analyse(plan *Plan, floor time.Duration, exact []time.Duration) *analysis {
+func analyse(plan *traffic.Plan, floor time.Duration, exact []time.Duration) *analysis {
 	n, ops := plan.Len(), plan.Ops()
 	// Group request indexes by operation (a counting sort: time order is
 	// kept within each).
@@ -106,7 +108,7 @@ func analyse(plan *Plan, floor time.Duration, exact []time.Duration) *analysis {
 				t, e = t[:0], e[:0]
 				for _, i := range reqs {
 					t = append(t, int64(plan.At[i]))
-					e = append(e, int64(plan.At[i]+plan.duration(int(i))))
+					e = append(e, int64(plan.At[i]+plan.Duration(int(i))))
 				}
 				for j := 1; j < len(t); j++ {
 					pt.gaps = append(pt.gaps, time.Duration(t[j]-e[0]))

@@ -6,12 +6,14 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
 )
 
 // randomPlan draws keys with a few requests each, some with many, some fns
 // running for a while, times in whole seconds so that gaps repeat.
-func randomPlan(rng *rand.Rand, keys, many int) *Plan {
-	p := &Plan{}
+func randomPlan(rng *rand.Rand, keys, many int) *traffic.Plan {
+	p := &traffic.Plan{}
 	for k := range keys {
 		n := 1 + rng.IntN(6)
 		if k < many {
@@ -31,7 +33,7 @@ func randomPlan(rng *rand.Rand, keys, many int) *Plan {
 		}
 		p.KeyLen = append(p.KeyLen, 8)
 	}
-	p.sortByTime(true)
+	p.SortByTime(true)
 	return p
 }
 

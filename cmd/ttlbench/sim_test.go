@@ -10,14 +10,16 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
 // quick is a small workload whose retries all arrive within 2 hours of
 // their operation (checked by withinTwoHours).
-func quick(seed uint64) Workload {
-	return Workload{
+func quick(seed uint64) traffic.Workload {
+	return traffic.Workload{
 		Ops: 120, Rate: 0.1, Seed: seed,
 		TimeoutShare: 0.2, Retries: 3, RetryBase: time.Second, RetryFactor: 2, RetryJitter: 0.2, RetryCap: 30 * time.Second,
 		LateShare: 0.1, LateMedian: 5 * time.Minute, LateP99: 30 * time.Minute,
@@ -31,11 +33,11 @@ func quickOptions(policies ...time.Duration) options {
 // engines are the ways to replay, for tests that check both.
 var engines = []string{engineFast, engineReal}
 
-func withinTwoHours(t *testing.T, p *Plan) {
+func withinTwoHours(t *testing.T, p *traffic.Plan) {
 	t.Helper()
 	first := make([]time.Duration, p.Ops())
 	for i, op := range p.Op {
-		if p.Kind[i] == First {
+		if p.Kind[i] == traffic.First {
 			first[op] = p.At[i]
 		} else if d := p.At[i] - first[op]; d >= 2*time.Hour {
 			t.Fatalf("a retry of operation %d comes %s after it; the workload must keep retries within 2h", op, d)
@@ -43,7 +45,7 @@ func withinTwoHours(t *testing.T, p *Plan) {
 	}
 }
 
-func simulate(t *testing.T, p *Plan, opts options) []policyResult {
+func simulate(t *testing.T, p *traffic.Plan, opts options) []policyResult {
 	t.Helper()
 	rs, err := simulateReal(context.Background(), p, opts.Policies, opts)
 	if err != nil {
@@ -53,7 +55,7 @@ func simulate(t *testing.T, p *Plan, opts options) []policyResult {
 		// Every request ran fn, replayed, or conflicted.
 		if runs := r.Operations + r.Duplicates; r.Requests != runs+r.Replays+r.Conflicts+r.InProgress {
 			t.Errorf("%s: %d requests, but %d runs of fn, %d replays, %d conflicts and %d in progress",
-				shortDuration(r.Retention), r.Requests, runs, r.Replays, r.Conflicts, r.InProgress)
+				units.ShortDuration(r.Retention), r.Requests, runs, r.Replays, r.Conflicts, r.InProgress)
 		}
 	}
 	return rs
@@ -63,8 +65,8 @@ func TestLongRetentionHasNoDuplicates(t *testing.T) {
 	t.Parallel()
 	p := quick(1).Plan(false)
 	withinTwoHours(t, p)
-	if p.Count(Retry) == 0 || p.Count(Late) == 0 {
-		t.Fatalf("the workload has %d retries and %d late redeliveries; want some of each", p.Count(Retry), p.Count(Late))
+	if p.Count(traffic.Retry) == 0 || p.Count(traffic.Late) == 0 {
+		t.Fatalf("the workload has %d retries and %d late redeliveries; want some of each", p.Count(traffic.Retry), p.Count(traffic.Late))
 	}
 	rs := simulate(t, p, quickOptions(time.Minute, 24*time.Hour))
 	if got := rs[0].Duplicates; got == 0 {
@@ -73,8 +75,8 @@ func TestLongRetentionHasNoDuplicates(t *testing.T) {
 	if got := rs[1].Duplicates; got != 0 {
 		t.Errorf("24h retention: %d duplicates, want 0: every retry comes within 2h", got)
 	}
-	if rs[1].Replays != p.Count(Retry)+p.Count(Late) {
-		t.Errorf("24h retention: %d replays, want one per retry (%d)", rs[1].Replays, p.Count(Retry)+p.Count(Late))
+	if rs[1].Replays != p.Count(traffic.Retry)+p.Count(traffic.Late) {
+		t.Errorf("24h retention: %d replays, want one per retry (%d)", rs[1].Replays, p.Count(traffic.Retry)+p.Count(traffic.Late))
 	}
 }
 
@@ -87,11 +89,11 @@ func TestLongerRetentionTradesMemoryForDuplicates(t *testing.T) {
 			a, b := rs[i-1], rs[i]
 			if b.Duplicates > a.Duplicates {
 				t.Errorf("seed %d: %s has %d duplicates, more than %s's %d",
-					seed, shortDuration(b.Retention), b.Duplicates, shortDuration(a.Retention), a.Duplicates)
+					seed, units.ShortDuration(b.Retention), b.Duplicates, units.ShortDuration(a.Retention), a.Duplicates)
 			}
 			if b.PeakBytes < a.PeakBytes {
 				t.Errorf("seed %d: %s peaks at %d bytes, less than %s's %d",
-					seed, shortDuration(b.Retention), b.PeakBytes, shortDuration(a.Retention), a.PeakBytes)
+					seed, units.ShortDuration(b.Retention), b.PeakBytes, units.ShortDuration(a.Retention), a.PeakBytes)
 			}
 		}
 	}
@@ -126,7 +128,7 @@ func TestMatchesFastForward(t *testing.T) {
 			mr.SetTime(p.Start.Add(now))
 			ran := false
 			op := p.Op[i]
-			if _, err := c.Do(context.Background(), p.Keys[op], p.fingerprint(i), func(context.Context) ([]byte, error) {
+			if _, err := c.Do(context.Background(), p.Keys[op], p.Fingerprint(i), func(context.Context) ([]byte, error) {
 				runs[op]++
 				ran = true
 				return make([]byte, 64), nil
@@ -146,7 +148,7 @@ func TestMatchesFastForward(t *testing.T) {
 		}
 		if got := rs[i]; got.Duplicates != dups || got.Replays != replays || got.PeakRecords != peak {
 			t.Errorf("%s: got %d duplicates, %d replays, peak %d records; FastForward gives %d, %d, %d",
-				shortDuration(retention), got.Duplicates, got.Replays, got.PeakRecords, dups, replays, peak)
+				units.ShortDuration(retention), got.Duplicates, got.Replays, got.PeakRecords, dups, replays, peak)
 		}
 	}
 }
@@ -180,7 +182,7 @@ func TestExpiryIsExact(t *testing.T) {
 
 // readTrace reads a trace whose times are milliseconds after 2023-11-14,
 // for the engine given.
-func readTrace(t *testing.T, trace, engine string) *Plan {
+func readTrace(t *testing.T, trace, engine string) *traffic.Plan {
 	t.Helper()
 	var b strings.Builder
 	for line := range strings.Lines(trace) {
@@ -271,8 +273,8 @@ func TestRealRedis(t *testing.T) {
 	w.Ops, w.Rate = 60, 1
 	w.LateMedian, w.LateP99 = 90*time.Second, 3*time.Minute
 	p := w.Plan(true)
-	if p.Count(Late) == 0 || p.Span() > 10*time.Minute {
-		t.Fatalf("the workload has %d late redeliveries over %s; want some, within 10m", p.Count(Late), p.Span())
+	if p.Count(traffic.Late) == 0 || p.Span() > 10*time.Minute {
+		t.Fatalf("the workload has %d late redeliveries over %s; want some, within 10m", p.Count(traffic.Late), p.Span())
 	}
 	opts := quickOptions(time.Minute, 24*time.Hour)
 	opts.Lease = time.Minute

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // The chart's geometry, in pixels. The plot has two bands: a logarithmic
@@ -178,7 +180,7 @@ func (r *report) drawPoints(c *canvas, pts []point) {
 	for i, p := range pts {
 		res := r.Results[i]
 		title := esc(fmt.Sprintf("retention %s: %d duplicates (%s), peak %d records, %s",
-			shortDuration(res.Retention), res.Duplicates, rate(res.DuplicateRate()), res.PeakRecords, formatBytes(res.PeakBytes)))
+			units.ShortDuration(res.Retention), res.Duplicates, rate(res.DuplicateRate()), res.PeakRecords, formatBytes(res.PeakBytes)))
 		switch {
 		case i == r.recommended():
 			c.printf(`<circle cx="%.1f" cy="%.1f" r="11" fill="none" stroke="#2e7d32" stroke-width="2"/>`+"\n", p.x, p.y)
@@ -348,7 +350,7 @@ func (r *report) placeLabels(pts []point, obstacles []box) []label {
 		var names []string
 		rec := false
 		for k := i; k < j; k++ {
-			names = append(names, shortDuration(r.Results[k].Retention))
+			names = append(names, units.ShortDuration(r.Results[k].Retention))
 			rec = rec || k == r.recommended()
 		}
 		p := pts[j-1]

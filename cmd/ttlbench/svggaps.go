@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // The second panel's geometry, in pixels: the retry gaps' survival curve
@@ -46,7 +48,7 @@ func (r *report) drawGaps(c *canvas) {
 	var ticks []tick
 	for _, d := range retentionTicks {
 		if v := float64(d); v >= xs.lo && v <= xs.hi {
-			ticks = append(ticks, tick{v: v, label: shortDuration(d)})
+			ticks = append(ticks, tick{v: v, label: units.ShortDuration(d)})
 		}
 	}
 	for len(ticks) > 9 {
@@ -100,9 +102,9 @@ func (r *report) drawGaps(c *canvas) {
 		later = append(later, r.drawTombstoneWindow(c, xs, &taken))
 		x := xs.pos(float64(r.Results[i].Retention))
 		c.printf(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#2e7d32" stroke-width="1.5" stroke-dasharray="5 3"/>`+"\n", x, gapT, x, gapB)
-		text := fmt.Sprintf("recommended %s", shortDuration(r.Results[i].Retention))
+		text := fmt.Sprintf("recommended %s", units.ShortDuration(r.Results[i].Retention))
 		if r.Resamples > 0 {
-			text += fmt.Sprintf(" (95%%: %s–%s)", shortDuration(r.RetentionInterval[0]), shortDuration(r.RetentionInterval[1]))
+			text += fmt.Sprintf(" (95%%: %s–%s)", units.ShortDuration(r.RetentionInterval[0]), units.ShortDuration(r.RetentionInterval[1]))
 		}
 		// Beside the line, on the side with more room, as high as the
 		// other labels leave free.
@@ -191,7 +193,7 @@ func (r *report) drawGaps(c *canvas) {
 		}
 		x, y := xs.pos(float64(d)), ss.pos(max(1-q, slo))
 		c.printf(`<circle cx="%.1f" cy="%.1f" r="3" fill="#1565c0"/>`+"\n", x, y)
-		text := strings.Join(names, ", ") + " " + shortDuration(roundGap(d))
+		text := strings.Join(names, ", ") + " " + units.ShortDuration(roundGap(d))
 		var cands []label
 		for _, dy := range []float64{-6, 14, -18, 26, -30, 38} {
 			for _, at := range []struct {
@@ -214,7 +216,7 @@ func (r *report) drawGaps(c *canvas) {
 	c.printf(`<polyline points="%s" fill="none" stroke="#e65100" stroke-width="1.5" stroke-dasharray="4 3"/>`+"\n", strings.Join(mem, " "))
 	for i, res := range r.Results {
 		x, y := xs.pos(float64(res.Retention)), ms.pos(float64(max(res.PeakBytes, 1)))
-		title := esc(fmt.Sprintf("retention %s: peak %s", shortDuration(res.Retention), formatBytes(res.PeakBytes)))
+		title := esc(fmt.Sprintf("retention %s: peak %s", units.ShortDuration(res.Retention), formatBytes(res.PeakBytes)))
 		fill := "#e65100"
 		if i == r.recommended() {
 			fill = "#2e7d32"

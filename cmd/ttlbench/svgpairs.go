@@ -1,6 +1,10 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
+)
 
 // The two-tier policy (-tombstones) on the charts: the recommended pair as
 // a point of its own in the trade-off, and its tombstone window (from the
@@ -21,7 +25,7 @@ func (r *report) recommendedPair() (policyResult, bool) {
 
 // pairName names a pair as the options that set it.
 func pairName(res policyResult) string {
-	return fmt.Sprintf("WithRetention(%s), WithTombstones(%s)", shortDuration(res.Retention), shortDuration(res.Tombstones))
+	return fmt.Sprintf("WithRetention(%s), WithTombstones(%s)", units.ShortDuration(res.Retention), units.ShortDuration(res.Tombstones))
 }
 
 // drawPair draws the recommended pair in the trade-off, a diamond at its
@@ -49,7 +53,7 @@ func (r *report) drawPair(c *canvas, xs, ys logScale) (point, string, bool) {
 		pairName(res), res.Duplicates, res.LateRetries, res.PeakRecords, res.PeakTombstones, formatBytes(res.PeakBytes)))
 	c.printf(`<polygon class="pair recommended" points="%.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f" fill="%s"><title>%s</title></polygon>`+"\n",
 		p.x, p.y-7, p.x+7, p.y, p.x, p.y+7, p.x-7, p.y, pairColor, title)
-	return p, fmt.Sprintf("%s + %s tombstones (recommended pair)", shortDuration(res.Retention), shortDuration(res.Tombstones)), true
+	return p, fmt.Sprintf("%s + %s tombstones (recommended pair)", units.ShortDuration(res.Retention), units.ShortDuration(res.Tombstones)), true
 }
 
 // drawTombstoneWindow shades, on the gaps' time axis, the recommended
@@ -66,9 +70,9 @@ func (r *report) drawTombstoneWindow(c *canvas, xs logScale, taken *[]box) func(
 	c.printf(`<rect class="tombstone-window" x="%.1f" y="%d" width="%.1f" height="%d" fill="%s" fill-opacity="0.12"><title>%s</title></rect>`+"\n",
 		x0, gapT, max(x1-x0, 1), gapB-gapT, pairColor,
 		esc(fmt.Sprintf("tombstone window of %s: a retry %s to %s after the outcome finds only the tombstone (ErrLateRetry)",
-			pairName(res), shortDuration(res.Retention), shortDuration(span))))
+			pairName(res), units.ShortDuration(res.Retention), units.ShortDuration(span))))
 	c.printf(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-width="1.5" stroke-dasharray="2 3"/>`+"\n", x0, gapT, x0, gapB, pairColor)
-	text := fmt.Sprintf("tombstones %s–%s", shortDuration(res.Retention), shortDuration(span))
+	text := fmt.Sprintf("tombstones %s–%s", units.ShortDuration(res.Retention), units.ShortDuration(span))
 	return func() {
 		var cands []label
 		for dy := 8.0; dy < gapB-gapT; dy += 14 {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -34,7 +36,7 @@ func TestTombstonesAgree(t *testing.T) {
 		got := [...]int{fast.Duplicates, fast.Replays, fast.Conflicts, fast.LateRetries, fast.PeakRecords, fast.PeakTombstones}
 		if got != lib {
 			t.Fatalf("retention %s, tombstones %s: fast engine (duplicates, replays, conflicts, late, peak records, peak tombstones) %v, library %v\ntrace (start %s):\n%s",
-				shortDuration(retention), shortDuration(tombstones), got, lib, plan.Start.Format(time.RFC3339Nano), describePlan(plan))
+				units.ShortDuration(retention), units.ShortDuration(tombstones), got, lib, plan.Start.Format(time.RFC3339Nano), describePlan(plan))
 		}
 		if runs := fast.Operations + fast.Duplicates; fast.Requests != runs+fast.Replays+fast.Conflicts+fast.LateRetries {
 			t.Fatalf("%d requests, but %d runs, %d replays, %d conflicts, %d late", fast.Requests, runs, fast.Replays, fast.Conflicts, fast.LateRetries)
@@ -44,7 +46,7 @@ func TestTombstonesAgree(t *testing.T) {
 
 // drawTombTrace draws a small trace of instant fns, a retention and a
 // tombstone time.
-func drawTombTrace(t *rapid.T) (*Plan, time.Duration, time.Duration, options) {
+func drawTombTrace(t *rapid.T) (*traffic.Plan, time.Duration, time.Duration, options) {
 	ms := time.Millisecond
 	lease := time.Duration(rapid.IntRange(1, 10).Draw(t, "lease_s")) * time.Second
 	retention := lease + time.Duration(rapid.IntRange(0, 60).Draw(t, "extra_s"))*time.Second
@@ -54,10 +56,10 @@ func drawTombTrace(t *rapid.T) (*Plan, time.Duration, time.Duration, options) {
 	names := []string{"a", "b", "k}x"}
 	nkeys := rapid.IntRange(1, len(names)).Draw(t, "keys")
 	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rapid.IntRange(0, 3_600_000).Draw(t, "start_ms")) * ms)
-	p := &Plan{Start: start}
+	p := &traffic.Plan{Start: start}
 	for _, k := range names[:nkeys] {
 		p.Keys = append(p.Keys, k)
-		p.KeyLen = append(p.KeyLen, uint16(escapedLen(k)))
+		p.KeyLen = append(p.KeyLen, uint16(traffic.EscapedLen(k)))
 	}
 	rule := newTombRule(start, retention+tombstones)
 	n := rapid.IntRange(1, 16).Draw(t, "requests")
@@ -87,7 +89,7 @@ func drawTombTrace(t *rapid.T) (*Plan, time.Duration, time.Duration, options) {
 		p.FP = append(p.FP, uint64(rapid.IntRange(0, 2).Draw(t, "fingerprint")))
 		now = max(now, at)
 	}
-	p.sortByTime(true)
+	p.SortByTime(true)
 	used := make([]bool, nkeys)
 	for _, op := range p.Op {
 		used[op] = true
@@ -113,7 +115,7 @@ func drawTombTrace(t *rapid.T) (*Plan, time.Duration, time.Duration, options) {
 // miniredis, moving its clock to each request, and returns the
 // duplicates, replays, conflicts, late retries, and the peaks of records
 // and of tombstones.
-func libraryPair(t *rapid.T, p *Plan, retention, tombstones time.Duration, opts options) [6]int {
+func libraryPair(t *rapid.T, p *traffic.Plan, retention, tombstones time.Duration, opts options) [6]int {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
 		t.Fatal(err)
@@ -135,7 +137,7 @@ func libraryPair(t *rapid.T, p *Plan, retention, tombstones time.Duration, opts 
 		mr.SetTime(p.Start.Add(now))
 		op := p.Op[i]
 		ran := false
-		_, err := c.Do(ctx, p.Keys[op], p.fingerprint(i), func(context.Context) ([]byte, error) {
+		_, err := c.Do(ctx, p.Keys[op], p.Fingerprint(i), func(context.Context) ([]byte, error) {
 			runs[op]++
 			ran = true
 			return make([]byte, opts.ResultSize), nil

@@ -18,6 +18,9 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // maxKeyLen is the longest key ttlbench accepts: idem's default
@@ -221,7 +224,7 @@ var (
 // engines need is kept, about 21 bytes a request and 22 a key while
 // reading (the key is kept as a 96-bit hash, see keyTable, and the
 // fingerprint as a 64-bit one), never the lines themselves.
-func parseTrace(ctx context.Context, r io.Reader, f traceFormat) (*Plan, error) {
+func parseTrace(ctx context.Context, r io.Reader, f traceFormat) (*traffic.Plan, error) {
 	if f.TimeUnit == 0 {
 		f.TimeUnit = time.Millisecond
 	}
@@ -236,7 +239,7 @@ func parseTrace(ctx context.Context, r io.Reader, f traceFormat) (*Plan, error) 
 		f:      f,
 		cols:   [nCols]int{0, 1, 2, 3},
 		seeds:  [3]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed(), maphash.MakeSeed()},
-		p:      &Plan{},
+		p:      &traffic.Plan{},
 		minAt:  math.MaxInt64,
 		maxAt:  math.MinInt64,
 		header: f.Columns != nil,
@@ -400,7 +403,7 @@ type traceReader struct {
 
 	ops   keyTable        // operation by key hash
 	seeds [3]maphash.Seed // key hash (two), fingerprint hash
-	p     *Plan
+	p     *traffic.Plan
 
 	read             int64    // bytes of the lines read
 	firstLine        int      // the first data line, when it was not read as a header
@@ -491,7 +494,7 @@ func (rd *traceReader) line(n int, b []byte) error {
 	}
 	op, seen := rd.ops.index(maphash.Bytes(rd.seeds[0], key), uint32(maphash.Bytes(rd.seeds[1], key)))
 	if !seen {
-		p.KeyLen = append(p.KeyLen, uint16(escapedLen(key)))
+		p.KeyLen = append(p.KeyLen, uint16(traffic.EscapedLen(key)))
 		if rd.f.KeepKeys {
 			p.Keys = append(p.Keys, string(key))
 		}
@@ -502,12 +505,12 @@ func (rd *traceReader) line(n int, b []byte) error {
 	if at > rd.maxAt {
 		rd.maxAt, rd.maxLine = at, n
 	}
-	if rd.maxAt-rd.minAt > int64(maxDelay) {
+	if rd.maxAt-rd.minAt > int64(traffic.MaxDelay) {
 		far, near := rd.maxLine, rd.minLine
 		if n == rd.minLine {
 			far, near = rd.minLine, rd.maxLine
 		}
-		return &traceError{Line: far, Err: fmt.Errorf("time is more than %s from that of line %d", shortDuration(maxDelay), near)}
+		return &traceError{Line: far, Err: fmt.Errorf("time is more than %s from that of line %d", units.ShortDuration(traffic.MaxDelay), near)}
 	}
 	if len(p.At) >= math.MaxInt32 {
 		return bad("more than %d requests", math.MaxInt32)
@@ -798,8 +801,8 @@ func parseOpDuration(s string) (time.Duration, error) {
 		}
 		d = time.Duration(ns)
 	}
-	if d < 0 || d > maxDelay {
-		return 0, fmt.Errorf("duration %q is not between 0 and %s", s, shortDuration(maxDelay))
+	if d < 0 || d > traffic.MaxDelay {
+		return 0, fmt.Errorf("duration %q is not between 0 and %s", s, units.ShortDuration(traffic.MaxDelay))
 	}
 	return d, nil
 }
@@ -819,7 +822,7 @@ func lineList(lines []int, n int) string {
 }
 
 // plan finishes the Plan: times counted from the earliest request, sorted.
-func (rd *traceReader) plan() (*Plan, error) {
+func (rd *traceReader) plan() (*traffic.Plan, error) {
 	p := rd.p
 	rd.ops = keyTable{} // the largest thing held while reading
 	if len(p.At) == 0 {
@@ -832,7 +835,7 @@ func (rd *traceReader) plan() (*Plan, error) {
 		p.At[i] -= time.Duration(rd.minAt)
 	}
 	p.Start = time.Unix(0, rd.minAt).UTC()
-	p.sortByTime(true)
+	p.SortByTime(true)
 	p.Source = fmt.Sprintf("trace: %d requests for %d keys over %s", p.Len(), p.Ops(), roughDuration(p.Span()))
 	return p, nil
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/traffic"
 )
 
 func TestReadTrace(t *testing.T) {
@@ -36,15 +38,15 @@ b,1700000001000,fp-other
 	type ev struct {
 		at   time.Duration
 		key  string
-		kind Kind
+		kind traffic.Kind
 		fp   bool
 	}
 	want := []ev{
-		{0, "a", First, false},
-		{500 * time.Millisecond, "a,b", First, true},
-		{time.Second, "b", First, true},
-		{time.Second, "b", Retry, true}, // same time: file order kept
-		{2 * time.Second, "a", Retry, false},
+		{0, "a", traffic.First, false},
+		{500 * time.Millisecond, "a,b", traffic.First, true},
+		{time.Second, "b", traffic.First, true},
+		{time.Second, "b", traffic.Retry, true}, // same time: file order kept
+		{2 * time.Second, "a", traffic.Retry, false},
 	}
 	if p.Len() != len(want) {
 		t.Fatalf("got %d requests, want %d", p.Len(), len(want))

@@ -1,4 +1,7 @@
-package main
+// Package traffic is the traffic ttlbench replays: a Plan of requests in
+// time order, generated from a Workload or read from a trace, the same
+// for every retention policy it is run against.
+package traffic
 
 import (
 	"cmp"
@@ -97,26 +100,26 @@ func (p *Plan) Count(k Kind) int {
 	return n
 }
 
-// duration returns how long fn runs when request i runs it.
-func (p *Plan) duration(i int) time.Duration {
+// Duration returns how long fn runs when request i runs it.
+func (p *Plan) Duration(i int) time.Duration {
 	if p.Dur == nil {
 		return 0
 	}
 	return p.Dur[i]
 }
 
-// fingerprint returns request i's fingerprint as the library is given it:
+// Fingerprint returns request i's fingerprint as the library is given it:
 // empty for none, else a string that is equal for equal FP values.
-func (p *Plan) fingerprint(i int) string {
+func (p *Plan) Fingerprint(i int) string {
 	if p.FP[i] == 0 {
 		return ""
 	}
 	return strconv.FormatUint(p.FP[i], 16)
 }
 
-// escapedLen returns the length of key in a record's name: idem escapes
+// EscapedLen returns the length of key in a record's name: idem escapes
 // '\' as "\\" and '}' as "\c" (see Client.keys).
-func escapedLen[S string | []byte](key S) int {
+func EscapedLen[S string | []byte](key S) int {
 	n := len(key)
 	for i := range len(key) {
 		if key[i] == '\\' || key[i] == '}' {
@@ -126,10 +129,10 @@ func escapedLen[S string | []byte](key S) int {
 	return n
 }
 
-// sortByTime sorts the requests by time, keeping their order for equal
+// SortByTime sorts the requests by time, keeping their order for equal
 // times, and then marks the first request of each operation First and
 // the others Retry when relabel is set (a trace knows no other kinds).
-func (p *Plan) sortByTime(relabel bool) {
+func (p *Plan) SortByTime(relabel bool) {
 	if !slices.IsSorted(p.At) {
 		type entry struct {
 			at time.Duration

@@ -1,4 +1,4 @@
-package main
+package traffic
 
 import (
 	"encoding/hex"
@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
+
+	"github.com/idem-go/idem/cmd/ttlbench/internal/units"
 )
 
 // Workload is a model of a service's traffic: Poisson arrivals of
@@ -48,9 +50,9 @@ var start = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 // z99 is the 99th percentile of the standard normal distribution.
 const z99 = 2.3263478740408408
 
-// maxDelay bounds a drawn delay, so that a wide lognormal tail cannot
+// MaxDelay bounds a drawn delay, so that a wide lognormal tail cannot
 // overflow time.Duration. Nothing is retained that long.
-const maxDelay = 10 * 365 * 24 * time.Hour
+const MaxDelay = 10 * 365 * 24 * time.Hour
 
 // Streams of the random generator: each aspect of the model draws from its
 // own, so that changing, say, the late share does not move the arrivals.
@@ -100,11 +102,11 @@ func (w Workload) Plan(withKeys bool) *Plan {
 
 		sent := at
 		for n := 1; n <= w.Retries && retries.Float64() < w.TimeoutShare; n++ {
-			sent = min(sent+w.retryPause(n, retries), maxDelay)
+			sent = min(sent+w.retryPause(n, retries), MaxDelay)
 			add(sent, i, Retry)
 		}
 		if late.Float64() < w.LateShare {
-			add(min(at+w.lateDelay(late), maxDelay), i, Late)
+			add(min(at+w.lateDelay(late), MaxDelay), i, Late)
 		}
 	}
 	if w.OpTime > 0 {
@@ -113,7 +115,7 @@ func (w Workload) Plan(withKeys bool) *Plan {
 			p.Dur[i] = w.OpTime
 		}
 	}
-	p.sortByTime(false)
+	p.SortByTime(false)
 	return p
 }
 
@@ -122,7 +124,7 @@ func (w Workload) Plan(withKeys bool) *Plan {
 func (w Workload) retryPause(n int, rng *rand.Rand) time.Duration {
 	d := min(float64(w.RetryBase)*math.Pow(w.RetryFactor, float64(n-1)), float64(w.RetryCap))
 	d *= 1 + w.RetryJitter*(2*rng.Float64()-1)
-	return time.Duration(min(d, float64(maxDelay)))
+	return time.Duration(min(d, float64(MaxDelay)))
 }
 
 // lateDelay draws a redelivery delay from the lognormal distribution with
@@ -130,7 +132,7 @@ func (w Workload) retryPause(n int, rng *rand.Rand) time.Duration {
 func (w Workload) lateDelay(rng *rand.Rand) time.Duration {
 	sigma := math.Log(float64(w.LateP99)/float64(w.LateMedian)) / z99
 	d := float64(w.LateMedian) * math.Exp(sigma*rng.NormFloat64())
-	return time.Duration(min(d, float64(maxDelay)))
+	return time.Duration(min(d, float64(MaxDelay)))
 }
 
 // String summarises the workload in one line.
@@ -138,15 +140,15 @@ func (w Workload) String() string {
 	s := fmt.Sprintf("%d ops at %s/s", w.Ops, strconv.FormatFloat(w.Rate, 'g', 4, 64))
 	if w.TimeoutShare > 0 && w.Retries > 0 {
 		s += fmt.Sprintf(", %s time out (≤%d retries from %s ×%s, cap %s)",
-			percent(w.TimeoutShare), w.Retries, shortDuration(w.RetryBase),
-			strconv.FormatFloat(w.RetryFactor, 'g', 3, 64), shortDuration(w.RetryCap))
+			units.Percent(w.TimeoutShare), w.Retries, units.ShortDuration(w.RetryBase),
+			strconv.FormatFloat(w.RetryFactor, 'g', 3, 64), units.ShortDuration(w.RetryCap))
 	}
 	if w.OpTime > 0 {
-		s += fmt.Sprintf(", fn runs %s", shortDuration(w.OpTime))
+		s += fmt.Sprintf(", fn runs %s", units.ShortDuration(w.OpTime))
 	}
 	if w.LateShare > 0 {
 		s += fmt.Sprintf(", %s late (median %s, p99 %s)",
-			percent(w.LateShare), shortDuration(w.LateMedian), shortDuration(w.LateP99))
+			units.Percent(w.LateShare), units.ShortDuration(w.LateMedian), units.ShortDuration(w.LateP99))
 	}
 	return s + fmt.Sprintf(", seed %d", w.Seed)
 }
@@ -179,5 +181,5 @@ func uuid(rng *rand.Rand) [36]byte {
 // seconds converts float seconds to a Duration, rounded to the microsecond
 // (the resolution of Redis's TIME).
 func seconds(s float64) time.Duration {
-	return min(time.Duration(s*1e6)*time.Microsecond, maxDelay)
+	return min(time.Duration(s*1e6)*time.Microsecond, MaxDelay)
 }

@@ -56,6 +56,9 @@ type Client struct {
 	policy    policyWatch   // the periodic check of maxmemory-policy
 
 	closed atomic.Bool
+
+	opsMu sync.Mutex
+	ops   map[string]any // the registered operations by name (Register), guarded by opsMu
 }
 
 // New returns a Client that stores its records in rdb, which may be a
@@ -177,6 +180,11 @@ func AttemptFrom(ctx context.Context) (Attempt, bool) {
 // result slice: treat it as read-only.
 func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) (res []byte, err error) {
 	cl := &call{c: c, key: key, fn: fn}
+	if in, ok := ctx.Value(inputKey{}).([]byte); ok && in != nil {
+		// Op.Do's input: for this call only, not for calls that fn makes.
+		cl.input = in
+		ctx = context.WithValue(ctx, inputKey{}, []byte(nil))
+	}
 	if !c.observed() {
 		return cl.do(ctx, fingerprint)
 	}
@@ -196,6 +204,7 @@ type call struct {
 	key   string
 	fp    string // the fingerprint's digest
 	fn    func(context.Context) ([]byte, error)
+	input []byte     // a registered operation's input (Op.Do), stored with the claim; nil for Do
 	until time.Time  // the end of the caller's wait (WithWait)
 	notes *callNotes // for the observers; nil when nobody observes the call
 

@@ -67,13 +67,24 @@ const (
 // the record's and its channel's, first the record that a claim of a new
 // key writes (claimRecord of attempt 1), which also tells the script the
 // call's fingerprint, owner token and lease.
-func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first []byte) (claimReply, error) {
+// A registered operation's input (Op.Do), when not nil, is stored beside
+// the record in the same script.
+func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first, input []byte) (claimReply, error) {
 	var v any
 	var err error
 	// The steps' checkpoints ride along: a takeover resets their TTL with
 	// the record's (see lua/claim.lua).
 	steps := keys[0] + stepsSuffix
-	if c.tomb.on {
+	if input != nil {
+		ks := []string{keys[0], steps}
+		var tk, tf any = "", ""
+		if c.tomb.on {
+			ks = append(ks, c.tomb.base(c.cfg.prefix, keys[0]))
+			tk, tf = tombstoneField(keys[0]), fp[:min(len(fp), 8)]
+		}
+		ks = append(ks, keys[0]+inputSuffix)
+		v, err = c.write(ctx, claimScript, ks, first, c.retentionMs, c.ages, tk, tf, input).Result()
+	} else if c.tomb.on {
 		tkeys := []string{keys[0], steps, c.tomb.base(c.cfg.prefix, keys[0])}
 		v, err = c.write(ctx, claimScript, tkeys, first, c.retentionMs, c.ages,
 			tombstoneField(keys[0]), fp[:min(len(fp), 8)]).Result()

@@ -359,6 +359,16 @@ const maxBackgroundReleases = 1024
 // arguments when the Client leaves tombstones.
 func (cl *call) completeScript(ctx context.Context, record []byte, ttlMs any) *redis.Cmd {
 	c, keys := cl.c, cl.keys
+	if cl.input != nil {
+		ks := []string{keys[0], keys[1]}
+		var tf, span, window any = "", "", ""
+		if c.tomb.on {
+			ks = append(ks, c.tomb.base(c.cfg.prefix, keys[0]))
+			tf, span, window = tombstoneField(keys[0]), c.tomb.span, c.tomb.window
+		}
+		ks = append(ks, keys[0]+inputSuffix)
+		return c.write(ctx, completeScript, ks, cl.claimed, record, ttlMs, c.publish, tf, span, window, "1")
+	}
 	if !c.tomb.on {
 		return c.write(ctx, completeScript, keys, cl.claimed, record, ttlMs, c.publish)
 	}

@@ -191,7 +191,7 @@ func (c *Client) Forget(ctx context.Context, key string) error {
 		return err
 	}
 	rk := c.recordKey(key)
-	err := forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix, c.tomb.base(c.cfg.prefix, rk)}, tombstoneField(rk)).Err()
+	err := forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix, c.tomb.base(c.cfg.prefix, rk), rk + inputSuffix}, tombstoneField(rk)).Err()
 	if err != nil {
 		return fmt.Errorf("idem: forget key %q: %w", key, err)
 	}

@@ -46,7 +46,7 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 			// holds it as a claim would find it.
 			r, wt.woken = *wt.woken, nil
 		} else {
-			r, err = c.claimOnce(ctx, cl.keys, cl.fp, first)
+			r, err = c.claimOnce(ctx, cl.keys, cl.fp, first, cl.input)
 		}
 		if err != nil {
 			retry, err := cl.claimFailed(ctx, wt.seen, err)

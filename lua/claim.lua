@@ -19,6 +19,10 @@
 --          the first 8 bytes of the caller's fingerprint digest ("" = not
 --          checked). The tombstone is looked for in the windows of every
 --          span that left tombstones, not only the caller's.
+-- KEYS[#KEYS], ARGV[6]  for a registered operation (Op.Do) only: the key of
+--          its stored input, <prefix>:{<key>}:in, and the input (msgpack);
+--          without tombstones ARGV[4..5] are "". A claim stores the input
+--          beside the record, with the record's TTL, in the same round trip.
 --
 -- Returns one of (the usual answers are scalars: Redis converts a Lua
 -- table to a reply at a cost that counts on a path this short):
@@ -50,8 +54,9 @@
 -- the helpers of lua/record.lua, which are inserted below: defining them
 -- (Lua closures) costs every call that reaches them.
 local s = redis.pcall('GET', KEYS[1])
+local inKey = ARGV[6] and KEYS[#KEYS]
 if not s then
-  if KEYS[3] then
+  if KEYS[3] and KEYS[3] ~= inKey then
     --[[lua/tombstone.lua]]
     local v = tombLookup(KEYS[3], ARGV[4])
     if v then
@@ -73,6 +78,9 @@ if not s then
     end
   end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if inKey then
+    redis.call('SET', inKey, ARGV[6], 'PX', ARGV[2])
+  end
   return 1
 end
 local st = type(s) == 'string' and string.sub(s, 2, 2)
@@ -122,5 +130,8 @@ redis.call('SET', KEYS[1], '1p' .. string.char(#fp) .. fp ..
   string.format('%d', cmark), 'PX', ARGV[2])
 if KEYS[2] then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+if inKey then
+  redis.call('SET', inKey, ARGV[6], 'PX', ARGV[2])
 end
 return n

@@ -18,6 +18,10 @@
 --          the tombstones' span (retention + tombstone time) and window
 --          width in milliseconds. The stored record leaves a tombstone
 --          with its fingerprint.
+-- KEYS[#KEYS], ARGV[8]  for a registered operation (Op.Do) only: the key of
+--          its stored input, <prefix>:{<key>}:in, and "1"; without
+--          tombstones ARGV[5..7] are "". The input is deleted with the
+--          outcome stored: a finished operation keeps no input.
 --
 -- The notification is the finished record itself when it is at most 4096
 -- bytes (the outcome, its fingerprint, owner and attempt: a waiter of that
@@ -68,7 +72,11 @@ redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
 if ARGV[4] ~= '' then
   redis.call(ARGV[4], KEYS[2], #rec <= 4096 and rec or done)
 end
-if KEYS[3] then
+local inKey = ARGV[8] and KEYS[#KEYS]
+if inKey then
+  redis.call('DEL', inKey)
+end
+if KEYS[3] and KEYS[3] ~= inKey then
   --[[lua/tombstone.lua]]
   local fl = string.byte(rec, 3)
   tombWrite(KEYS[3], ARGV[5], string.sub(rec, 4, 3 + math.min(fl, 8)), tonumber(ARGV[6]), tonumber(ARGV[7]))

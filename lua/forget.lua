@@ -7,12 +7,13 @@
 --          lua/step.lua), deleted with it in one command
 -- KEYS[3]  the stem of its tombstone buckets (see lua/tombstone.lua),
 --          passed whether or not the caller leaves tombstones
+-- KEYS[4]  its stored input (Op.Do), <prefix>:{<key>}:in
 -- ARGV[1]  the tombstone's field
 --
 -- Returns 1. Every tombstone of the key is marked forgotten ("x"), not
 -- removed (buckets only fill up until they expire), in the windows of every
 -- span that left tombstones, whatever the caller's (see lua/tombstone.lua).
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
 if KEYS[3] then
   --[[lua/tombstone.lua]]
   tombForget(KEYS[3], ARGV[1])

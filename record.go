@@ -84,6 +84,7 @@ const (
 	replyConflict  replyKind = 'x' // the key was used with another fingerprint
 	replyLateRetry replyKind = 't' // no record, but its tombstone (WithTombstones)
 	replyBadRecord replyKind = 'v' // a record this version does not understand
+	replyParked    replyKind = 'k' // the operation is parked: nobody takes it over
 )
 
 // claimReply is a decoded reply of lua/claim.lua.
@@ -267,6 +268,13 @@ func parseClaim(v []any) (claimReply, error) {
 		if len(v) != 1 {
 			return bad()
 		}
+	case replyParked:
+		n, ok1 := v[1%len(v)].(int64)
+		step, ok2 := v[2%len(v)].(string)
+		if len(v) != 3 || !ok1 || !ok2 || n < 1 {
+			return bad()
+		}
+		r.n, r.payload = n, step
 	case replyBadRecord:
 		if len(v) != 2 {
 			return bad()

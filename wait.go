@@ -86,6 +86,10 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 			return res, false, err
 		case replyBadRecord:
 			return nil, false, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, r.payload)
+		case replyParked:
+			// fn does not run: the parked step is settled by an operator.
+			return nil, false, &parkedError{key: key, name: r.payload,
+				why: fmt.Sprintf("parked after attempt %d; fn does not run", r.n)}
 		}
 		// replyBusy: another owner holds a live lease.
 		if retry, err := cl.await(ctx, &wt, r); err != nil {

@@ -47,6 +47,10 @@
 --                          when it is that owner's (see complete.lua).
 --   0                      conflict: the stored fingerprint differs.
 --   {"v", reason}          the record is not one this version understands.
+--   {"k", n, step}         parked (lua/record.lua, PARKED): the record is
+--                          released or its lease ended, and its operation
+--                          is parked at the checked step called step; no
+--                          one takes it over until an operator resolves it.
 --
 -- No record is written unless the caller claims, and then in one SET (a
 -- late retry only counts itself, beside the tombstones). A new key costs
@@ -116,6 +120,15 @@ if st == 'p' then
   end
   if left > 0 then
     return {'b', left, n, own}
+  end
+end
+
+-- A parked operation is taken over by no one (the marker is only looked
+-- for here, on a takeover: a new key and a replay pay nothing for it).
+if KEYS[2] then
+  local pk = redis.call('HGET', KEYS[2], PARKED)
+  if pk then
+    return {'k', n, string.sub(pk, 2)}
   end
 end
 

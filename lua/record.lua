@@ -22,6 +22,14 @@
 -- Every write replaces the whole string in one SET: Redis does not roll a
 -- script back, so a script that wrote twice could leave half a change.
 
+-- PARKED is the field of a record's checkpoints hash (<prefix>:{<key>}:steps)
+-- that marks the operation parked: its value is "k" and the name of the
+-- parked checked step. It is longer than any step's name (at most 256
+-- bytes), so it is no step's field; the record's own format is unchanged,
+-- so the previous release's scripts still read it. A claim that would take
+-- a parked operation over answers parked instead (lua/claim.lua).
+local PARKED = string.rep('!', 257)
+
 -- count parses a decimal count of at most 15 digits ("1", "42"), exactly
 -- as written: tonumber alone would take "0x10", " 2", "1e3" and "1.5".
 local function count(s)

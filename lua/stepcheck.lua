@@ -14,7 +14,8 @@
 --                            stored it
 --            "u" ms ":" own  parked: its outcome could not be settled;
 --                            nothing runs the step until "resolve"
---          Intents and parked markers do not count in field "" (the bytes
+--          and field PARKED (lua/record.lua) marks the whole operation
+--          parked while one of its steps is. Intents and parked markers do not count in field "" (the bytes
 --          used): they are small and replaced by a checkpoint or deleted.
 -- ARGV[1]  the caller's owner token ("" for "resolve")
 -- ARGV[2]  the step's name
@@ -113,14 +114,20 @@ if op == 'resolve' then
   if not old or marker(old) ~= 'u' then
     return 3
   end
+  -- The operation's parked marker (lua/record.lua, PARKED) goes with it.
+  local pk = redis.call('HGET', KEYS[2], PARKED)
   if ARGV[4] == '' then
-    redis.call('HDEL', KEYS[2], ARGV[2])
+    redis.call('HDEL', KEYS[2], ARGV[2], PARKED)
     return 1
   end
-  redis.call('HDEL', KEYS[2], ARGV[2]) -- put replaces intents only
+  redis.call('HDEL', KEYS[2], ARGV[2], PARKED) -- put replaces intents only
   local r = put(nil, ARGV[4], ARGV[5])
   if r ~= 1 then
-    redis.call('HSET', KEYS[2], ARGV[2], old)
+    if pk then
+      redis.call('HSET', KEYS[2], ARGV[2], old, PARKED, pk)
+    else
+      redis.call('HSET', KEYS[2], ARGV[2], old)
+    end
   end
   return r
 end
@@ -170,7 +177,9 @@ elseif op == 'park' then
   if old then
     local tag = marker(old)
     if tag == 'i' then
-      redis.call('HSET', KEYS[2], ARGV[2], 'u' .. string.sub(old, 2))
+      -- The marker, and the operation's parked marker (lua/record.lua,
+      -- PARKED): no claim takes the operation over until it is resolved.
+      redis.call('HSET', KEYS[2], ARGV[2], 'u' .. string.sub(old, 2), PARKED, 'k' .. ARGV[2])
       r = 1
     elseif tag == 'u' then
       r = 1

@@ -101,6 +101,10 @@ var (
 	// the step (Resolve, ResolveNotApplied). fn does not run.
 	ErrUnknownOutcome = errors.New("idem: outcome unknown: a step's effect could not be settled; parked for an operator")
 
+	// ErrInputTooLarge means an Op's input, encoded, is larger than
+	// MaxInputSize. Nothing is claimed and fn does not run.
+	ErrInputTooLarge = errors.New("idem: operation input too large")
+
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("idem: client closed")
 

@@ -5,7 +5,6 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 
@@ -16,10 +15,6 @@ import (
 // beside its claim. A larger input is refused with an error wrapping
 // ErrInputTooLarge before fn runs.
 const MaxInputSize = 64 << 10
-
-// ErrInputTooLarge means an Op's input, encoded, is larger than
-// MaxInputSize. Nothing is claimed and fn does not run.
-var ErrInputTooLarge = errors.New("idem: operation input too large")
 
 // inputSuffix follows the record's key in the key of its stored input
 // (same hash slot).

@@ -5,17 +5,9 @@ package idempgx
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"reflect"
-	"slices"
-	"strconv"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/jackc/pgx/v5"
 )
@@ -60,11 +52,11 @@ func Publish(ctx context.Context, tx pgx.Tx, stream string, fields map[string]an
 	if err != nil {
 		return "", err
 	}
-	enc, err := encodeFields(fields)
+	enc, err := idemsql.EncodeFields(fields)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("idempgx: Publish: %w", err)
 	}
-	prefix, derived := eventIDPrefix(ctx)
+	prefix, derived := idemsql.EventIDPrefix(ctx)
 	if !derived {
 		if _, err := tx.Exec(ctx, l.sql.publish, []byte(prefix), []byte(stream), enc); err != nil {
 			return "", l.explainTable("publish to "+stream, "_outbox", err)
@@ -78,97 +70,7 @@ func Publish(ctx context.Context, tx pgx.Tx, stream string, fields map[string]an
 	return string(b), nil
 }
 
-// eventIDPrefix returns the id of the next event outside an idem call
-// (random, and false), or inside one the part before its ordinal: from the
-// call's key and step, as idemsql derives it.
-func eventIDPrefix(ctx context.Context) (string, bool) {
-	a, ok := idem.AttemptFrom(ctx)
-	if !ok {
-		b := make([]byte, 16)
-		_, _ = rand.Read(b) // never fails (crypto/rand documents it)
-		return hex.EncodeToString(b), false
-	}
-	h := sha256.New()
-	h.Write([]byte(a.Key))
-	if step, ok := idem.StepFrom(ctx); ok {
-		h.Write([]byte{0})
-		h.Write([]byte(step))
-	}
-	// A hex digest and "-n": never the form of a random id.
-	return hex.EncodeToString(h.Sum(nil)[:16]) + "-", true
-}
-
 // ordinalSetting is the transaction-local setting that counts a
 // transaction's derived Publishes: the server forgets it when the
 // transaction ends, and a ROLLBACK TO SAVEPOINT restores it.
 const ordinalSetting = "idem.publish_ordinal"
-
-// encodeFields returns fields as bytes, keys sorted: for each field, its
-// key's length (uvarint), key, value's length and value. It is idemsql's
-// encoding (a test compares the rows).
-func encodeFields(fields map[string]any) ([]byte, error) {
-	keys := make([]string, 0, len(fields))
-	for k := range fields {
-		if k == EventIDField {
-			return nil, fmt.Errorf("idempgx: Publish: the field %s is Relay's: name yours otherwise", EventIDField)
-		}
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	b := []byte{} // not NULL, for no fields
-	for _, k := range keys {
-		v, err := fieldValue(fields[k])
-		if err != nil {
-			return nil, fmt.Errorf("idempgx: Publish: field %q: %w", k, err)
-		}
-		b = binary.AppendUvarint(b, uint64(len(k)))
-		b = append(b, k...)
-		b = binary.AppendUvarint(b, uint64(len(v)))
-		b = append(b, v...)
-	}
-	return b, nil
-}
-
-// fieldValue returns v as a stream entry holds it.
-func fieldValue(v any) ([]byte, error) {
-	switch v := v.(type) {
-	case string:
-		return []byte(v), nil
-	case []byte:
-		return v, nil
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.String:
-		return []byte(rv.String()), nil
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		return strconv.AppendInt(nil, rv.Int(), 10), nil
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
-		return strconv.AppendUint(nil, rv.Uint(), 10), nil
-	case reflect.Float32:
-		return strconv.AppendFloat(nil, rv.Float(), 'g', -1, 32), nil
-	case reflect.Float64:
-		return strconv.AppendFloat(nil, rv.Float(), 'g', -1, 64), nil
-	case reflect.Slice:
-		if rv.Type().Elem().Kind() == reflect.Uint8 {
-			return rv.Bytes(), nil
-		}
-	}
-	return nil, fmt.Errorf("a %T: give a string, []byte or number (format other values yourself: strconv.FormatBool, json.Marshal)", v)
-}
-
-// decodeFields is the inverse of encodeFields: key, value, key, value.
-func decodeFields(b []byte) ([]any, error) {
-	var out []any
-	for len(b) > 0 {
-		for range 2 {
-			n, w := binary.Uvarint(b)
-			if w <= 0 || uint64(len(b)-w) < n {
-				return nil, errors.New("the fields are cut short or corrupt")
-			}
-			out = append(out, string(b[w:w+int(n)]))
-			b = b[w+int(n):]
-		}
-	}
-	return out, nil
-}

@@ -7,83 +7,41 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/idem-go/idem/idemsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
 
-// A RelayOption configures Relay.
-type RelayOption func(*relayConfig)
+// A RelayOption configures Relay. The options are idemsql's, so one set
+// configures a relay of either driver.
+type RelayOption = idemsql.RelayOption
 
-type relayConfig struct {
-	batch    int
-	poll     time.Duration
-	backoff  time.Duration // the longest wait after failures
-	observe  func(RelayStats)
-	problems []string
-}
+// RelayStats are a relay's counts since it started: idemsql's.
+type RelayStats = idemsql.RelayStats
 
 // WithRelayBatch sets how many rows one batch moves at most: one SELECT,
 // one pipeline of XADDs, one DELETE, one transaction. n is from 1 to
-// 10,000. The default is 100.
-func WithRelayBatch(n int) RelayOption {
-	return func(c *relayConfig) {
-		if n < 1 || n > 10_000 {
-			c.problems = append(c.problems, fmt.Sprintf("WithRelayBatch(%d): must be from 1 to 10000", n))
-			return
-		}
-		c.batch = n
-	}
-}
+// 10,000. The default is 100. It is idemsql.WithRelayBatch.
+func WithRelayBatch(n int) RelayOption { return idemsql.WithRelayBatch(n) }
 
 // WithRelayPoll sets how long Relay waits after a batch that was not full
 // before it looks again, and the first wait after a failure (later ones
 // double, up to WithRelayBackoff's). d must be positive. The default is
-// one second.
-func WithRelayPoll(d time.Duration) RelayOption {
-	return func(c *relayConfig) {
-		if d <= 0 {
-			c.problems = append(c.problems, fmt.Sprintf("WithRelayPoll(%v): must be positive", d))
-			return
-		}
-		c.poll = d
-	}
-}
+// one second. It is idemsql.WithRelayPoll.
+func WithRelayPoll(d time.Duration) RelayOption { return idemsql.WithRelayPoll(d) }
 
 // WithRelayBackoff sets the longest wait between two batches that failed
 // (Redis or the database down). d must be positive. The default is 10
-// seconds, or the poll interval if that is longer.
-func WithRelayBackoff(d time.Duration) RelayOption {
-	return func(c *relayConfig) {
-		if d <= 0 {
-			c.problems = append(c.problems, fmt.Sprintf("WithRelayBackoff(%v): must be positive", d))
-			return
-		}
-		c.backoff = d
-	}
-}
+// seconds, or the poll interval if that is longer. It is
+// idemsql.WithRelayBackoff.
+func WithRelayBackoff(d time.Duration) RelayOption { return idemsql.WithRelayBackoff(d) }
 
 // WithRelayObserver has Relay call f after every batch, from Relay's
 // goroutine, with its counts so far: f must not block. The default is
-// none.
-func WithRelayObserver(f func(RelayStats)) RelayOption {
-	return func(c *relayConfig) { c.observe = f }
-}
-
-// RelayStats are a relay's counts since it started.
-type RelayStats struct {
-	// Published is how many rows it added to their streams and deleted.
-	Published int64
-	// Failures is how many batches failed (and will be tried again).
-	Failures int64
-	// Lag is the age of the oldest row left in the outbox after the last
-	// batch, by the database's clock; 0 when it is empty or unknown.
-	Lag time.Duration
-	// Err is the last batch's error, or nil.
-	Err error
-}
+// none. It is idemsql.WithRelayObserver.
+func WithRelayObserver(f func(RelayStats)) RelayOption { return idemsql.WithRelayObserver(f) }
 
 // Relay moves the outbox's committed rows to their Redis Streams until ctx
 // ends, and then returns ctx's error. Each batch (WithRelayBatch) claims
@@ -108,60 +66,15 @@ type RelayStats struct {
 // order is not kept across them. See the package doc, "Outbox and event
 // order".
 func (l *Ledger) Relay(ctx context.Context, rdb redis.UniversalClient, opts ...RelayOption) error {
-	cfg := relayConfig{batch: 100, poll: time.Second, backoff: 10 * time.Second}
-	for _, o := range opts {
-		o(&cfg)
+	batch := func(ctx context.Context, n int) (int, bool, error) {
+		moved, err := l.relayBatch(ctx, rdb, fmt.Sprintf(l.sql.claim, n))
+		var fatal *relayFatal
+		if errors.As(err, &fatal) {
+			return 0, true, fatal.err
+		}
+		return moved, false, err
 	}
-	if rdb == nil {
-		cfg.problems = append(cfg.problems, "rdb is nil")
-	}
-	if len(cfg.problems) > 0 {
-		return fmt.Errorf("idempgx: Relay: %s", strings.Join(cfg.problems, "; "))
-	}
-	cfg.backoff = max(cfg.backoff, cfg.poll)
-	claim := fmt.Sprintf(l.sql.claim, cfg.batch)
-	var stats RelayStats
-	wait := cfg.poll
-	for {
-		n, err := l.relayBatch(ctx, rdb, claim)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		stats.Err = err
-		if err != nil {
-			var fatal *relayFatal
-			if errors.As(err, &fatal) {
-				return fatal.err
-			}
-			stats.Failures++
-		} else {
-			stats.Published += int64(n)
-		}
-		if cfg.observe != nil {
-			stats.Lag = l.lag(ctx)
-			cfg.observe(stats)
-		}
-		switch {
-		case err != nil:
-			wait = max(wait, cfg.poll) // then doubling, below
-		case n == cfg.batch:
-			wait = 0
-		default:
-			wait = cfg.poll
-		}
-		if wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
-			}
-		}
-		if err != nil {
-			wait = min(2*wait, cfg.backoff)
-		}
-	}
+	return idemsql.RunRelay(ctx, "idempgx: Relay", rdb, batch, l.lag, opts...)
 }
 
 // relayFatal is an error that another batch would meet again.
@@ -188,7 +101,7 @@ func (l *Ledger) relayBatch(ctx context.Context, rdb redis.UniversalClient, clai
 	var seq int64
 	var id, stream, fields []byte
 	_, err = pgx.ForEachRow(rows, []any{&seq, &id, &stream, &fields}, func() error {
-		values, err := decodeFields(fields)
+		values, err := idemsql.DecodeFields(fields)
 		if err != nil {
 			return &relayFatal{fmt.Errorf("idempgx: relay: the row of seq %d in %s_outbox: %w", seq, l.table, err)}
 		}

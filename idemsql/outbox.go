@@ -57,9 +57,9 @@ func Publish(ctx context.Context, tx *sql.Tx, stream string, fields map[string]a
 	if err != nil {
 		return "", err
 	}
-	enc, err := encodeFields(fields)
+	enc, err := EncodeFields(fields)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("idemsql: Publish: %w", err)
 	}
 	id = eventID(ctx, tx)
 	if _, err := tx.ExecContext(ctx, l.outboxStatements().insert, []byte(id), []byte(stream), enc); err != nil {
@@ -71,11 +71,24 @@ func Publish(ctx context.Context, tx *sql.Tx, stream string, fields map[string]a
 // eventID returns the id of tx's next event: from the idem call's key and
 // the event's ordinal in tx, or random outside a call.
 func eventID(ctx context.Context, tx *sql.Tx) string {
+	prefix, derived := EventIDPrefix(ctx)
+	if !derived {
+		return prefix
+	}
+	return prefix + strconv.FormatInt(ordinals.next(tx), 10)
+}
+
+// EventIDPrefix returns, outside an idem call, a random event id and
+// false; inside one, the part of the call's event ids before their
+// ordinal (from the call's key and step) and true: the id of a
+// transaction's n-th Publish is the prefix followed by n, from 1. It is
+// for drivers of their own, such as idempgx, whose ids must be Publish's.
+func EventIDPrefix(ctx context.Context) (prefix string, derived bool) {
 	a, ok := idem.AttemptFrom(ctx)
 	if !ok {
 		b := make([]byte, 16)
 		_, _ = rand.Read(b) // never fails (crypto/rand documents it)
-		return hex.EncodeToString(b)
+		return hex.EncodeToString(b), false
 	}
 	h := sha256.New()
 	h.Write([]byte(a.Key))
@@ -84,7 +97,7 @@ func eventID(ctx context.Context, tx *sql.Tx) string {
 		h.Write([]byte(step))
 	}
 	// A hex digest and "-n": never the form of a random id.
-	return hex.EncodeToString(h.Sum(nil)[:16]) + "-" + strconv.FormatInt(ordinals.next(tx), 10)
+	return hex.EncodeToString(h.Sum(nil)[:16]) + "-", true
 }
 
 // ordinals counts each transaction's Publishes. The root's call state has
@@ -117,13 +130,16 @@ func (o *ordinalMap) forget(wp weak.Pointer[sql.Tx]) {
 	delete(o.m, wp)
 }
 
-// encodeFields returns fields as bytes, keys sorted: for each field, its
-// key's length (uvarint), key, value's length and value.
-func encodeFields(fields map[string]any) ([]byte, error) {
+// EncodeFields returns fields as an outbox row holds them, keys sorted:
+// for each field, its key's length (uvarint), key, value's length and
+// value. Values are as Publish takes them; an error names the field at
+// fault. It is for drivers of their own, such as idempgx, whose rows must
+// be Publish's.
+func EncodeFields(fields map[string]any) ([]byte, error) {
 	keys := make([]string, 0, len(fields))
 	for k := range fields {
 		if k == EventIDField {
-			return nil, fmt.Errorf("idemsql: Publish: the field %s is Relay's: name yours otherwise", EventIDField)
+			return nil, fmt.Errorf("the field %s is Relay's: name yours otherwise", EventIDField)
 		}
 		keys = append(keys, k)
 	}
@@ -132,7 +148,7 @@ func encodeFields(fields map[string]any) ([]byte, error) {
 	for _, k := range keys {
 		v, err := fieldValue(fields[k])
 		if err != nil {
-			return nil, fmt.Errorf("idemsql: Publish: field %q: %w", k, err)
+			return nil, fmt.Errorf("field %q: %w", k, err)
 		}
 		b = binary.AppendUvarint(b, uint64(len(k)))
 		b = append(b, k...)
@@ -170,8 +186,9 @@ func fieldValue(v any) ([]byte, error) {
 	return nil, fmt.Errorf("a %T: give a string, []byte or number (format other values yourself: strconv.FormatBool, json.Marshal)", v)
 }
 
-// decodeFields is the inverse of encodeFields: key, value, key, value.
-func decodeFields(b []byte) ([]any, error) {
+// DecodeFields is the inverse of EncodeFields: key, value, key, value,
+// as XADD takes them. It is for drivers of their own, such as idempgx.
+func DecodeFields(b []byte) ([]any, error) {
 	var out []any
 	for len(b) > 0 {
 		for range 2 {

@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -108,6 +109,31 @@ type RelayStats struct {
 // waits for the first's batches, or fails with "database is locked" and
 // backs off). See the package doc, "Outbox and event order".
 func (l *Ledger) Relay(ctx context.Context, rdb redis.UniversalClient, opts ...RelayOption) error {
+	st := l.outboxStatements()
+	batch := func(ctx context.Context, n int) (int, bool, error) {
+		moved, err := l.relayBatch(ctx, rdb, fmt.Sprintf(st.claim, n))
+		var fatal *relayFatal
+		if errors.As(err, &fatal) {
+			return 0, true, fatal.err
+		}
+		return moved, false, err
+	}
+	lag := func(ctx context.Context) time.Duration { return l.lag(ctx, st.lag) }
+	return RunRelay(ctx, "idemsql: Relay", rdb, batch, lag, opts...)
+}
+
+// A RelayBatch moves one batch of at most n outbox rows to their streams,
+// and returns how many it moved, or an error; with fatal true, the error
+// is one that another batch would meet again.
+type RelayBatch func(ctx context.Context, n int) (moved int, fatal bool, err error)
+
+// RunRelay is Relay's loop, for drivers of their own: idempgx's Relay is
+// RunRelay over pgx. It applies opts and checks them (and that rdb is not
+// nil, the client batch uses), then calls batch until ctx ends, waits and
+// backs off as Relay describes, and calls the observer with lag's age of
+// the oldest row. It returns ctx's error, the error of a fatal batch, or
+// the options' problems prefixed with name ("idempgx: Relay").
+func RunRelay(ctx context.Context, name string, rdb redis.UniversalClient, batch RelayBatch, lag func(context.Context) time.Duration, opts ...RelayOption) error {
 	cfg := relayConfig{batch: 100, poll: time.Second, backoff: 10 * time.Second}
 	for _, o := range opts {
 		o(&cfg)
@@ -116,30 +142,27 @@ func (l *Ledger) Relay(ctx context.Context, rdb redis.UniversalClient, opts ...R
 		cfg.problems = append(cfg.problems, "rdb is nil")
 	}
 	if len(cfg.problems) > 0 {
-		return fmt.Errorf("idemsql: Relay: %s", joinProblems(cfg.problems))
+		return fmt.Errorf("%s: %s", name, strings.Join(cfg.problems, "; "))
 	}
 	cfg.backoff = max(cfg.backoff, cfg.poll)
-	st := l.outboxStatements()
-	claim := fmt.Sprintf(st.claim, cfg.batch)
 	var stats RelayStats
 	wait := cfg.poll
 	for {
-		n, err := l.relayBatch(ctx, rdb, claim)
+		n, fatal, err := batch(ctx, cfg.batch)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		stats.Err = err
 		if err != nil {
-			var fatal *relayFatal
-			if errors.As(err, &fatal) {
-				return fatal.err
+			if fatal {
+				return err
 			}
 			stats.Failures++
 		} else {
 			stats.Published += int64(n)
 		}
 		if cfg.observe != nil {
-			stats.Lag = l.lag(ctx, st.lag)
+			stats.Lag = lag(ctx)
 			cfg.observe(stats)
 		}
 		switch {
@@ -200,7 +223,7 @@ func (l *Ledger) relayBatch(ctx context.Context, rdb redis.UniversalClient, clai
 			rows.Close()
 			return 0, l.explain("relay", err)
 		}
-		values, err := decodeFields(fields)
+		values, err := DecodeFields(fields)
 		if err != nil {
 			rows.Close()
 			return 0, &relayFatal{fmt.Errorf("idemsql: relay: the row of seq %d in %s_outbox: %w", seq, l.table, err)}
@@ -256,12 +279,4 @@ func (l *Ledger) lag(ctx context.Context, query string) time.Duration {
 		return 0
 	}
 	return max(time.Duration(micros)*time.Microsecond, 0)
-}
-
-func joinProblems(p []string) string {
-	s := p[0]
-	for _, q := range p[1:] {
-		s += "; " + q
-	}
-	return s
 }

@@ -24,6 +24,7 @@ func (failingMarshaler) MarshalBinary() ([]byte, error) { return nil, errors.New
 func (*failingMarshaler) UnmarshalBinary([]byte) error  { return nil }
 
 func TestAck(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	mr := b.MR
 	ctx := context.Background()

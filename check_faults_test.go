@@ -16,6 +16,7 @@ import (
 // periodic check (every minute; here every 200ms), once per change, and
 // by Check.
 func TestEvictionPolicyRechecked(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	var logs syncBuffer
 	c := idem.New(b.Client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
@@ -62,6 +63,7 @@ func TestEvictionPolicyRechecked(t *testing.T) {
 
 // Close stops the periodic check: nothing is logged after it.
 func TestEvictionPolicyCheckStopsAtClose(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	var logs syncBuffer
 	c := idem.New(b.Client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),

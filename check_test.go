@@ -49,6 +49,7 @@ func joined(err error) []error {
 }
 
 func TestCheckSingle(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("healthy", func(t *testing.T) {
 		b := idemtest.Redis(t, redistest.Config{AppendOnly: true})
@@ -137,6 +138,7 @@ func TestCheckSingle(t *testing.T) {
 }
 
 func TestCheckSentinel(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	newClient := func(t *testing.T, sentinel string, opts ...idem.Option) *idem.Client {
 		rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "mymaster", SentinelAddrs: []string{sentinel}})
@@ -167,6 +169,7 @@ func TestCheckSentinel(t *testing.T) {
 }
 
 func TestCheckCluster(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of six redis-server processes: skipped in -short")
 	}

@@ -12,6 +12,7 @@ import (
 // The README lists every option and every error of the package: a new
 // one that it does not name fails here.
 func TestReadmeListsOptionsAndErrors(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 // A claim that cannot reach Redis says so (ErrUnavailable), fn does not
 // run, and nothing warns of a claim that was never made.
 func TestUnavailable(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		down := func() {
 			if b.MR != nil {
@@ -67,6 +68,7 @@ func TestUnavailable(t *testing.T) {
 // give-backs of those claims, which fail when the server is gone, warn of
 // no claim (none survives: the server had no persistence).
 func TestUnavailableFrozen(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	var logs syncBuffer
 	c := idem.New(b.Client(t, func(o *redis.Options) { o.ReadTimeout = 300 * time.Millisecond }),
@@ -104,6 +106,7 @@ func TestUnavailableFrozen(t *testing.T) {
 // an error reply that is not about availability; a reply that is (BUSY)
 // matches it.
 func TestNotUnavailable(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	c := b.Idem(t, idem.WithLogger(nil))
 	fn := func(context.Context) ([]byte, error) { return []byte("ok"), nil }

@@ -41,6 +41,7 @@ func failedRecord(payload string) string {
 }
 
 func TestReplayedErrorIdentity(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -121,6 +122,7 @@ func TestReplayedErrorIdentity(t *testing.T) {
 }
 
 func TestReplayedTooLargeMatches(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithMaxResultSize(1024))
 		ctx := context.Background()
@@ -145,6 +147,7 @@ func TestReplayedTooLargeMatches(t *testing.T) {
 // of another key returns a permanent error (IsPermanent says so), so Do
 // stores it rather than run fn at every retry.
 func TestNestedStoredErrorIsStored(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -181,6 +184,7 @@ func TestNestedStoredErrorIsStored(t *testing.T) {
 // WithMaxResultSize like a result; fn has acted, so it is cut with a note,
 // never refused, and the owner still gets the whole error.
 func TestLongMessageCut(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithMaxResultSize(1024))
 		ctx := context.Background()
@@ -224,6 +228,7 @@ func TestLongMessageCut(t *testing.T) {
 // TestStoredFailuresOfEarlierVersions: records whose payload is the
 // message alone, as versions before codes wrote them, replay as before.
 func TestStoredFailuresOfEarlierVersions(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
@@ -268,6 +273,7 @@ func TestStoredFailuresOfEarlierVersions(t *testing.T) {
 }
 
 func TestCode(t *testing.T) {
+	t.Parallel()
 	inner := idem.PermanentCode("inner", errors.New("x"))
 	for _, tc := range []struct {
 		err  error
@@ -299,6 +305,7 @@ func TestCode(t *testing.T) {
 }
 
 func TestRegisterCodePanics(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		code   string
 		target error

@@ -10,6 +10,7 @@ import (
 // Without an observer, a call takes no notes: the check in Do and the
 // notes on the call path allocate nothing.
 func TestNoNotesWithoutObserver(t *testing.T) {
+	// Not parallel: it counts allocations, which parallel tests would add to.
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	defer rdb.Close()
 	c := New(rdb, WithLogger(nil))

@@ -21,6 +21,7 @@ import (
 // (DEBUG), a wait that runs out (WARN), Redis unreachable (WARN), a
 // release and renewals that fail, an outcome not recorded (ERROR).
 func TestLogsNeverNameTheKey(t *testing.T) {
+	t.Parallel()
 	const key = "secret-order-77"
 	for _, raw := range []bool{false, true} {
 		var buf syncBuffer

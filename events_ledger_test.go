@@ -20,6 +20,7 @@ import (
 // WithLedgerLookups after Redis lost it. Plain replays from Redis stay
 // "replayed".
 func TestEventLedgerReplayed(t *testing.T) {
+	t.Parallel()
 	const lease = 500 * time.Millisecond
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
@@ -100,6 +101,7 @@ func TestEventLedgerReplayed(t *testing.T) {
 // LogObserver logs a ledger_replayed outcome at Warn: Redis lost or never
 // finished the record, and the ledger saved the call.
 func TestEventLedgerReplayedLogged(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := newMemLedger()

@@ -70,6 +70,7 @@ func mustKinds(t *testing.T, ev []idem.Event, want string) {
 }
 
 func TestEventExecutedAndReplayed(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b)
 	ctx := context.Background()
@@ -110,6 +111,7 @@ func TestEventExecutedAndReplayed(t *testing.T) {
 // change the outer call's (its outcome stays executed although the last
 // inner call was a replay), and a call with a nil fn reports an error.
 func TestEventsOfCallsInsideFn(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b)
 	ctx := context.Background()
@@ -135,6 +137,7 @@ func TestEventsOfCallsInsideFn(t *testing.T) {
 }
 
 func TestEventRawKeys(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b, idem.WithRawEventKeys(true))
 	if _, err := c.Do(context.Background(), "k\x00{}", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
@@ -147,6 +150,7 @@ func TestEventRawKeys(t *testing.T) {
 }
 
 func TestEventConflict(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b)
 	ctx := context.Background()
@@ -166,6 +170,7 @@ func TestEventConflict(t *testing.T) {
 // A waiter in another Client waits for the owner, then replays its result;
 // one that runs out of wait gets ErrInProgress.
 func TestEventWaitedAndInProgress(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	owner := b.Idem(t)
 	waiter, r := observed(t, b, idem.WithWait(wakeBudget))
@@ -207,6 +212,7 @@ func TestEventWaitedAndInProgress(t *testing.T) {
 // A duplicate in the same process waits for the leader's call and shares
 // its result: for it, a wait and a replay.
 func TestEventInProcessDuplicate(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b)
 	var l idemtest.Runs
@@ -245,6 +251,7 @@ func TestEventInProcessDuplicate(t *testing.T) {
 // The owner of attempt 1 is gone (its lease ended): the next call takes
 // over as attempt 2.
 func TestEventTookOver(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b)
 	ttl := 24 * time.Hour
@@ -265,6 +272,7 @@ func TestEventTookOver(t *testing.T) {
 // gives up when its context ends (the renewal found the newer owner), the
 // outcome is lease_lost.
 func TestEventLeaseLost(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	ttl := 24 * time.Hour
 	newer := idemtest.InProgress("newer-owner", 2, ttl, time.Hour)
@@ -298,6 +306,7 @@ func TestEventLeaseLost(t *testing.T) {
 }
 
 func TestEventReleasedAndFailed(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c, r := observed(t, b, idem.WithMaxResultSize(10))
 	ctx := context.Background()
@@ -350,6 +359,7 @@ func TestEventReleasedAndFailed(t *testing.T) {
 // Every completion is cut off before it reaches Redis: fn ran, and its
 // outcome is not recorded.
 func TestEventNotRecorded(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "complete"), Action: faultconn.CloseBefore})
 	r := &recorder{}
@@ -364,6 +374,7 @@ func TestEventNotRecorded(t *testing.T) {
 }
 
 func TestEventError(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("unreachable", func(t *testing.T) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -426,6 +437,7 @@ func (s *starter) Observe(ctx context.Context, e idem.Event) {
 }
 
 func TestCallStarter(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	s := &starter{}
 	c := b.Idem(t, idem.WithObserver(s))
@@ -443,6 +455,7 @@ func TestCallStarter(t *testing.T) {
 }
 
 func TestEventKindNames(t *testing.T) {
+	t.Parallel()
 	var outcomes []string
 	for k := idem.EventKind(1); k.Outcome() || k == idem.EventWaited || k == idem.EventTookOver; k++ {
 		if k.Outcome() {
@@ -487,6 +500,7 @@ func BenchmarkReplayObserved(b *testing.B) {
 }
 
 func TestLogObserver(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	var buf syncBuffer
 	l := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -10,6 +10,7 @@ import (
 
 // FingerprintJSON refuses what the canonicaliser refuses.
 func TestFingerprintJSONRefuses(t *testing.T) {
+	t.Parallel()
 	deep := strings.Repeat("[", 10001) + strings.Repeat("]", 10001)
 	for _, in := range []string{``, `{"a":1,"a":2}`, "\"\xff\"", `"\ud800"`, `1e400`, `[1,]`, deep} {
 		if _, err := jcs.Canonical([]byte(in)); err == nil {
@@ -22,6 +23,7 @@ func TestFingerprintJSONRefuses(t *testing.T) {
 }
 
 func TestFingerprintJSONIgnoresOrderAndSpace(t *testing.T) {
+	t.Parallel()
 	same := [][]string{
 		{`{"a":1,"b":2}`, `{ "b":2, "a":1 }`, "{\n\t\"b\": 2.0,\r\n\t\"a\": 1e0\n}", `{"\u0061":1,"b":2}`},
 		{`{"account":"A","amount":100,"meta":{"x":[1,2],"y":null}}`, `{"meta":{"y":null,"x":[1,2]},"amount":1E2,"account":"A"}`},
@@ -50,6 +52,7 @@ func TestFingerprintJSONIgnoresOrderAndSpace(t *testing.T) {
 }
 
 func TestFingerprintJSONTellsValuesApart(t *testing.T) {
+	t.Parallel()
 	distinct := []string{
 		`{"a":1,"b":2}`, `{"a":1,"b":3}`, `{"a":"1","b":2}`, `{"a":1}`, `{"b":2,"c":1}`,
 		`[1,2]`, `[2,1]`, `[[1],2]`, `[1,[2]]`, `"a"`, `"a "`, `null`, `false`, `0`, `"0"`, `[]`, `{}`, `""`,
@@ -85,6 +88,7 @@ func TestFingerprintJSONTellsValuesApart(t *testing.T) {
 // Golden values: fingerprints are stored in Redis, so they must not change
 // from one release to the next. A change here is a breaking change.
 func TestFingerprintJSONGolden(t *testing.T) {
+	t.Parallel()
 	// The digests were computed apart from this code: the first 16 bytes of
 	// SHA-256 over "\xffidem/jcs/v1\x00" and the canonical text, in hex.
 	for _, tc := range []struct{ in, want string }{

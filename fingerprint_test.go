@@ -86,6 +86,7 @@ func mustURL(s string) *url.URL {
 }
 
 func TestFingerprintDistinguishesValues(t *testing.T) {
+	t.Parallel()
 	type params struct {
 		Account string
 		Amount  int64
@@ -127,6 +128,7 @@ func TestFingerprintDistinguishesValues(t *testing.T) {
 }
 
 func TestFingerprintEqualValues(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
 	hundred := new(big.Int).Mul(big.NewInt(10), big.NewInt(10)) // another internal capacity
 	var locked withLock
@@ -160,6 +162,7 @@ func TestFingerprintEqualValues(t *testing.T) {
 }
 
 func TestFingerprintCycles(t *testing.T) {
+	t.Parallel()
 	self := &node{V: 1}
 	self.Next = self
 	m := map[string]any{"v": 1}
@@ -186,6 +189,7 @@ func TestFingerprintCycles(t *testing.T) {
 // every stored fingerprint of such values differ, so that a retry after
 // an upgrade would get ErrConflict. Changing them is a breaking change.
 func TestFingerprintGolden(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
 	amount := int64(100)
 	for _, c := range []struct {
@@ -217,6 +221,7 @@ func TestFingerprintGolden(t *testing.T) {
 }
 
 func TestFingerprintIsHex(t *testing.T) {
+	t.Parallel()
 	fp := idem.Fingerprint("4111-1111-1111-1111", big.NewInt(7))
 	if len(fp) != 32 || strings.Trim(fp, "0123456789abcdef") != "" {
 		t.Errorf("fingerprint %q is not a 32-digit hex digest", fp)
@@ -224,6 +229,7 @@ func TestFingerprintIsHex(t *testing.T) {
 }
 
 func TestFingerprint(t *testing.T) {
+	t.Parallel()
 	type params struct {
 		Account string
 		Amount  int64
@@ -262,6 +268,7 @@ func TestFingerprint(t *testing.T) {
 }
 
 func TestRawParametersNeverStored(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	c := b.Idem(t)
 	secret := "4111-1111-1111-1111"

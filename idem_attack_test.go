@@ -20,6 +20,7 @@ import (
 )
 
 func TestCombinationAttackLedgerStepsTombstones(t *testing.T) {
+	t.Parallel()
 	keys := []string{"{a}", `a\}b{`, "\x00\xff{}\\c", strings.Repeat("}", 512)}
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
@@ -124,6 +125,7 @@ func TestCombinationAttackLedgerStepsTombstones(t *testing.T) {
 // the commit, and a late retry that hits the tombstone in the key's slot
 // and gets the outcome the ledger still holds.
 func TestCombinationAttackCluster(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of six redis-server processes: skipped in -short")
 	}

@@ -18,6 +18,7 @@ import (
 // Row 23 of docs/faults.md and the replica-wait option, on real servers.
 
 func TestClusterManySlotsWaitersAndFailover(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of six redis-server processes: skipped in -short")
 	}
@@ -103,6 +104,7 @@ func TestClusterManySlotsWaitersAndFailover(t *testing.T) {
 }
 
 func TestReplicaWait(t *testing.T) {
+	t.Parallel()
 	primary := redistest.Start(t, redistest.Config{})
 	replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + portOf(primary.Addr())}})
 	b := idemtest.OnServer(primary)

@@ -62,6 +62,7 @@ func retryUntilDone(t *testing.T, c *idem.Client, key string) (successes, first 
 // request that started it, and a retry gets its outcome; without it,
 // every retry cancels the attempt before it ends.
 func TestDetachOutlivesTheCaller(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithDetach(10*time.Second), idem.WithLogger(nil))
 		successes, first, charges := retryUntilDone(t, c, "detached")
@@ -82,6 +83,7 @@ type ctxKey struct{}
 // A detached fn keeps the caller's values, loses its cancellation, and is
 // bounded by WithDetach's max.
 func TestDetachBoundedByMax(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	const max = 300 * time.Millisecond
 	c := b.Idem(t, idem.WithDetach(max), idem.WithLogger(nil))
@@ -123,6 +125,7 @@ func TestDetachBoundedByMax(t *testing.T) {
 // A detached fn's outcome is recorded after its caller has gone, and Close
 // waits for it.
 func TestDetachCloseWaits(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	c := idem.New(b.Client(t), idem.WithDetach(10*time.Second), idem.WithLogger(nil))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -160,6 +163,7 @@ func TestDetachCloseWaits(t *testing.T) {
 // A typed Do whose caller has gone does not race with the detached fn
 // that sets its result (run with -race).
 func TestDetachTyped(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	c := b.Idem(t, idem.WithDetach(10*time.Second), idem.WithLogger(nil))
 	var wg sync.WaitGroup
@@ -183,6 +187,7 @@ func TestDetachTyped(t *testing.T) {
 // caller has gone it is logged, the claim is released, and the process
 // goes on.
 func TestDetachPanic(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	var logs bytes.Buffer
 	var mu sync.Mutex

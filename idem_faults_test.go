@@ -17,6 +17,7 @@ import (
 // have margins; speed lives in the benchmarks. (Run first, it found five
 // tests whose leases or deadlines of 60 to 200ms left no margin.)
 func TestSuiteBesideBusyGoroutines(t *testing.T) {
+	// Not parallel: it loads every CPU on purpose, to slow the tests it runs.
 	if testing.Short() {
 		t.Skip("-short: keeps the CPU busy for about a minute")
 	}
@@ -42,11 +43,13 @@ func TestSuiteBesideBusyGoroutines(t *testing.T) {
 			}
 		}()
 	}
-	defer func() {
+	// A cleanup, not a defer: the tests below are parallel, and run after
+	// this function returns; the cleanup runs after they end.
+	t.Cleanup(func() {
 		close(stop)
 		wg.Wait()
 		t.Logf("%d busy goroutines ran %d rounds beside the tests", n, rounds.Load())
-	}()
+	})
 	for _, tc := range []struct {
 		name string
 		test func(*testing.T)

@@ -264,6 +264,7 @@ func statsSince(before, now map[string]int, names ...string) map[string]int {
 var idemServerCmds = []string{"evalsha", "eval", "subscribe", "unsubscribe", "ssubscribe", "sunsubscribe", "publish"}
 
 func TestRoundTrips(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		c, ctr := countedIdem(t, b.Client(t))
@@ -401,6 +402,7 @@ func TestRoundTrips(t *testing.T) {
 // claim; a large one it claims a third time to read. Polling is off
 // (NoPolling), so no timer adds a claim.
 func TestRoundTripsWaiter(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		owner, oc := countedIdem(t, b.Client(t))
@@ -484,6 +486,7 @@ func TestRoundTripsWaiter(t *testing.T) {
 // hash field longer than hash-max-listpack-value (64 bytes by default)
 // turns the whole hash into a hashtable, as a 100-byte result does.
 func TestRecordMemory(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c := b.Idem(t)
 	ctx := context.Background()
@@ -539,6 +542,7 @@ func TestRecordMemory(t *testing.T) {
 // With WithReplicas, every script that writes rides in one pipeline with
 // its WAIT: the round trips stay those of the paths above.
 func TestRoundTripsWithReplicas(t *testing.T) {
+	t.Parallel()
 	// No delay before the full sync (the default waits 5s for more replicas).
 	primary := redistest.Start(t, redistest.Config{Extra: []string{"repl-diskless-sync-delay 0"}})
 	_, port, _ := net.SplitHostPort(primary.Addr())

@@ -57,6 +57,7 @@ func startSentinel(t *testing.T, primary string) string {
 // The README promises Sentinel: a failover client found through a
 // sentinel claims, replays and wakes waiters like a plain client.
 func TestSentinelFailoverClient(t *testing.T) {
+	t.Parallel()
 	primary := redistest.Start(t, redistest.Config{})
 	sentinel := startSentinel(t, primary.Addr())
 	newClient := func(opts ...idem.Option) *idem.Client {

@@ -59,6 +59,7 @@ func soakDuration(t *testing.T) time.Duration {
 }
 
 func TestSoak(t *testing.T) {
+	t.Parallel()
 	d := soakDuration(t)
 	if d <= 0 {
 		t.Skip("soak: off by default; run with -soak 60s")
@@ -71,6 +72,7 @@ func TestSoak(t *testing.T) {
 // make it last up to about ten seconds). It keeps the soak's code working
 // in CI; -short skips it.
 func TestSoakShort(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("soak: skipped in -short")
 	}

@@ -18,6 +18,7 @@ import (
 )
 
 func TestReplayRunsFnOnce(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		var l idemtest.Runs
@@ -46,6 +47,7 @@ func TestReplayRunsFnOnce(t *testing.T) {
 }
 
 func TestConflict(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithWait(time.Minute))
 		ctx := context.Background()
@@ -95,6 +97,7 @@ func TestConflict(t *testing.T) {
 }
 
 func TestConcurrentCallersRunFnOnce(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const callers = 32
 		clients := []*idem.Client{b.Idem(t), b.Idem(t)}
@@ -128,6 +131,7 @@ func TestConcurrentCallersRunFnOnce(t *testing.T) {
 }
 
 func TestTransientErrorReleases(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -155,6 +159,7 @@ func TestTransientErrorReleases(t *testing.T) {
 }
 
 func TestPermanentErrorReplayed(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -184,6 +189,7 @@ func TestPermanentErrorReplayed(t *testing.T) {
 }
 
 func TestPanicReleasesAndRepanics(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -208,6 +214,7 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 }
 
 func TestRetentionEnds(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	c := b.Idem(t, idem.WithRetention(time.Hour), idem.WithLease(time.Minute))
 	ctx := context.Background()
@@ -232,6 +239,7 @@ func TestRetentionEnds(t *testing.T) {
 }
 
 func TestRedisUnreachableFailsClosed(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		if b.MR != nil {
@@ -254,6 +262,7 @@ func TestRedisUnreachableFailsClosed(t *testing.T) {
 }
 
 func TestCorruptRecordFailsClosed(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		cases := []struct {
@@ -290,6 +299,7 @@ func TestCorruptRecordFailsClosed(t *testing.T) {
 }
 
 func TestStoreFailureIsNotRecorded(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithStoreTimeout(300*time.Millisecond))
 		got, err := c.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) {
@@ -310,6 +320,7 @@ func TestStoreFailureIsNotRecorded(t *testing.T) {
 }
 
 func TestResultTooLarge(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithMaxResultSize(1<<10))
 		ctx := context.Background()
@@ -338,6 +349,7 @@ func TestResultTooLarge(t *testing.T) {
 }
 
 func TestKeys(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithMaxKeyLen(64))
 		ctx := context.Background()
@@ -391,6 +403,7 @@ type receipt struct {
 }
 
 func TestTypedRoundTrip(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -433,6 +446,7 @@ func TestTypedRoundTrip(t *testing.T) {
 }
 
 func TestEvictionPolicyWarning(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{MaxMemoryPolicy: "volatile-lru"})
 	var buf syncBuffer
 	c := idem.New(b.Client(t), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
@@ -477,6 +491,7 @@ func (s *syncBuffer) String() string {
 }
 
 func TestInvalidOptionsPanic(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	for _, tc := range []struct {
 		opt  idem.Option
@@ -516,6 +531,7 @@ func TestInvalidOptionsPanic(t *testing.T) {
 }
 
 func TestClosedClient(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	c := idem.New(b.Client(t))
 	if err := c.Close(); err != nil {
@@ -539,6 +555,7 @@ func TestClosedClient(t *testing.T) {
 // stored one (the caller built its record without it), and the key still
 // refuses other parameters.
 func TestTakeoverWithoutFingerprintKeepsIt(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithWait(0))
 		ctx := context.Background()
@@ -568,6 +585,7 @@ func TestTakeoverWithoutFingerprintKeepsIt(t *testing.T) {
 // A replayed result is handed over without a copy (see replyBytes): changing
 // it must change neither the record nor a later replay.
 func TestReplayedResultIsTheCallers(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -595,6 +613,7 @@ func TestReplayedResultIsTheCallers(t *testing.T) {
 // Large results are recorded through recycled buffers (see
 // finishedRecord): many at once must each be stored whole and apart.
 func TestLargeResultsAtOnce(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()

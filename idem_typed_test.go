@@ -65,6 +65,7 @@ type propLine struct {
 // TestTypedReplayEqualsOwnerProperty runs the typed Do end to end: the
 // owner gets fn's value, and a replay the same value.
 func TestTypedReplayEqualsOwnerProperty(t *testing.T) {
+	t.Parallel()
 	c := codecClient(t)
 	ctx := context.Background()
 	var n atomic.Int64
@@ -105,6 +106,7 @@ func replayAs[R, V any](t *testing.T, c *Client, key string, v V) (R, error) {
 }
 
 func TestTypedSchemaChanges(t *testing.T) {
+	t.Parallel()
 	c := codecClient(t)
 	type v1 struct {
 		Amount   int64
@@ -255,6 +257,7 @@ func refusedType[T any](t *testing.T, c *Client, want string) {
 }
 
 func TestTypedRefusedBeforeFnRuns(t *testing.T) {
+	t.Parallel()
 	c := codecClient(t)
 	type withChan struct {
 		ID   string
@@ -303,6 +306,7 @@ func TestTypedRefusedBeforeFnRuns(t *testing.T) {
 // TestTypedUnexportedStateThroughMarshalers: types that keep their state
 // unexported round-trip through their marshalers.
 func TestTypedUnexportedStateThroughMarshalers(t *testing.T) {
+	t.Parallel()
 	c := codecClient(t)
 	type result struct {
 		Big   *big.Int
@@ -334,6 +338,7 @@ type cyclic struct {
 // TestTypedCyclicValue: a cyclic value cannot be stored; fn has acted, so
 // the key is finished as a failure that says so, and the process lives.
 func TestTypedCyclicValue(t *testing.T) {
+	t.Parallel()
 	c := codecClient(t)
 	ctx := context.Background()
 	var runs int
@@ -386,6 +391,7 @@ func (p priceZ) IsZero() bool { return p.Amount == 0 }
 // loses nothing (integers, strings, booleans, plain pointers), the replay
 // equals the owner's value.
 func TestTypedOmitEmptyNeverDiffers(t *testing.T) {
+	t.Parallel()
 	c := codecClient(t)
 	type emptySlice struct {
 		ID    string

@@ -44,6 +44,7 @@ func (l foldedLedger) commit(ctx context.Context, v []byte) error {
 // return that key's outcome as this one's, nor finish this key's record
 // with it. It fails closed, with fn not run.
 func TestLedgerAttackLookupOfAnotherKey(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := foldedLedger{newMemLedger()}
@@ -77,6 +78,7 @@ func TestLedgerAttackLookupOfAnotherKey(t *testing.T) {
 // the commit fails (nothing applied), and Do says why instead of returning
 // the other key's outcome.
 func TestLedgerAttackFoundOfAnotherKey(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := foldedLedger{newMemLedger()}
@@ -120,6 +122,7 @@ func (scriptedLedger) MaxKeyLen() int { return 0 }
 // (a hex string, a column padded to 300 bytes): a clear error, fn not run,
 // and no record in Redis that later calls could not read.
 func TestLedgerAttackMalformedFingerprint(t *testing.T) {
+	t.Parallel()
 	for _, fp := range []string{strings.Repeat("ab", 16), strings.Repeat("x", 300), "x"} {
 		t.Run(fmt.Sprint(len(fp)), func(t *testing.T) {
 			b := idemtest.Miniredis(t)
@@ -151,6 +154,7 @@ func TestLedgerAttackMalformedFingerprint(t *testing.T) {
 // not start on such a claim; the call is retryable and another caller
 // takes over.
 func TestLedgerAttackSlowLookupEndsLease(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	const lease = time.Second
 	ctx := context.Background()
@@ -182,6 +186,7 @@ func TestLedgerAttackSlowLookupEndsLease(t *testing.T) {
 // the other applies nothing, and both calls, and every replay, return the
 // winner's outcome.
 func TestLedgerAttackStaleOwnerCommits(t *testing.T) {
+	t.Parallel()
 	for _, staleFirst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("staleFirst=%v", staleFirst), func(t *testing.T) {
 			b := idemtest.Redis(t, redistest.Config{})
@@ -263,6 +268,7 @@ func TestLedgerAttackStaleOwnerCommits(t *testing.T) {
 // the next attempt finds the commit in the ledger and returns it without
 // running fn.
 func TestLedgerAttackCommitLeftBehind(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := newMemLedger()
@@ -299,6 +305,7 @@ func TestLedgerAttackCommitLeftBehind(t *testing.T) {
 // the ledger decided it: the committed value, not what fn returned after
 // the commit; and a conflict that the ledger found.
 func TestLedgerAttackFollowersShareLedgerOutcome(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -368,6 +375,7 @@ func TestLedgerAttackFollowersShareLedgerOutcome(t *testing.T) {
 // would, the claim is given back, fn does not run, nothing leaks; the next
 // call, with the ledger mended, takes over.
 func TestLedgerAttackLookupPanics(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := newMemLedger()
@@ -403,6 +411,7 @@ func TestLedgerAttackLookupPanics(t *testing.T) {
 // The caller gives up while fn commits: the commit stands, Do returns the
 // committed outcome, and the record is finished (with a detached context).
 func TestLedgerAttackCommitAfterCallerGaveUp(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		l := newMemLedger()
 		c := b.Idem(t, idem.WithLedger(l))
@@ -423,6 +432,7 @@ func TestLedgerAttackCommitAfterCallerGaveUp(t *testing.T) {
 // after Redis lost everything, each fn runs again and each commit finds
 // its own row.
 func TestLedgerAttackNestedDo(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -465,6 +475,7 @@ func TestLedgerAttackNestedDo(t *testing.T) {
 // fingerprint's row; a takeover's lookup finds one) is a conflict to the
 // observer, as it is to the caller: not a replay.
 func TestLedgerAttackConflictEvents(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := newMemLedger()

@@ -14,6 +14,7 @@ import (
 // ledger's after a commit that met the row (Redis lost the record); and
 // nothing outside fn.
 func TestLedgerDecided(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		if d, m := idem.LedgerDecided(ctx); d || m {

@@ -18,6 +18,7 @@ import (
 // replay of that failure: the call with other parameters is another
 // operation, and must not be told it was declined.
 func TestLedgerFailedEntryOfOtherParameters(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -70,6 +71,7 @@ func (f *failScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // WithWait(0): the next caller would get ErrInProgress if the claim were
 // kept.
 func TestLedgerRecordNotWrittenReleasesTheClaim(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := newMemLedger()

@@ -110,6 +110,7 @@ func (l *memLedger) changes(key string) int {
 }
 
 func TestLedgerCommitReplays(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -139,6 +140,7 @@ func TestLedgerCommitReplays(t *testing.T) {
 // next call runs fn as attempt 1, its commit meets the ledger's unique key,
 // and Do returns the recorded outcome; the change stays applied once.
 func TestLedgerRedisLostTheRecord(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -188,6 +190,7 @@ func TestLedgerRedisLostTheRecord(t *testing.T) {
 // progress until the lease ends, then the next caller takes over, finds
 // the outcome in the ledger and returns it without running fn.
 func TestLedgerTakeoverFindsTheCommit(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -245,6 +248,7 @@ func (l *memLedger) fnFails(t *testing.T) func(context.Context) ([]byte, error) 
 // the second commits first; the first one's commit finds it, applies
 // nothing, and both return the second's outcome.
 func TestLedgerTwoLiveOwners(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -299,6 +303,7 @@ type ledgerReceipt struct {
 }
 
 func TestLedgerTyped(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -331,6 +336,7 @@ func TestLedgerTyped(t *testing.T) {
 }
 
 func TestLedgerCommittedFailure(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -367,6 +373,7 @@ func TestLedgerCommittedFailure(t *testing.T) {
 // one call, after fn returned, of a value too large or of another type:
 // each a clear error, nothing committed.
 func TestLedgerCommitRefused(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := newMemLedger()
@@ -417,6 +424,7 @@ func TestLedgerCommitRefused(t *testing.T) {
 // A failing lookup leaves fn unrun and the key released: the next call
 // with a working ledger runs fn.
 func TestLedgerLookupFails(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -445,6 +453,7 @@ func TestLedgerLookupFails(t *testing.T) {
 
 // Once the commit is in, fn's own later error does not undo it.
 func TestLedgerErrorAfterCommit(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -465,6 +474,7 @@ func TestLedgerErrorAfterCommit(t *testing.T) {
 // Redis fails after the commit: Do still returns the committed outcome (it
 // is recorded), and the next caller finishes the record from the ledger.
 func TestLedgerCompletionFailsAfterCommit(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	l := newMemLedger()
@@ -492,6 +502,7 @@ func TestLedgerCompletionFailsAfterCommit(t *testing.T) {
 
 // 30 concurrent callers with one key: one change, one outcome for all.
 func TestLedgerConcurrentCallers(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -530,6 +541,7 @@ func TestLedgerConcurrentCallers(t *testing.T) {
 // ledger with LedgerFrom (idemsql.Commit's case: its table is the
 // ledger's); outside fn, and once the outcome is decided, it finds none.
 func TestLedgerFromNamesTheLedger(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		l := newMemLedger()
 		c := b.Idem(t, idem.WithLedger(l))
@@ -561,6 +573,7 @@ func TestLedgerFromNamesTheLedger(t *testing.T) {
 // fn that swallows a failed commit and returns success does not get its
 // result stored: the ledger has no row, so Redis must not have one either.
 func TestLedgerSuccessAfterFailedCommit(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -589,6 +602,7 @@ func TestLedgerSuccessAfterFailedCommit(t *testing.T) {
 // at the documented bound): the owner that committed, a takeover's lookup
 // that found an old row, and a commit that met one.
 func TestLedgerRecordExpiresWithItsRow(t *testing.T) {
+	t.Parallel()
 	const retention, lease = 3 * time.Second, 500 * time.Millisecond
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
@@ -651,6 +665,7 @@ func TestLedgerRecordExpiresWithItsRow(t *testing.T) {
 // longer key is refused before fn runs, and asking for more is refused at
 // New.
 func TestLedgerKeyLimit(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	l := &limitedLedger{newMemLedger(), 100}
 	c := b.Idem(t, idem.WithLedger(l))

@@ -242,6 +242,7 @@ func recv[T any](t *testing.T, ch <-chan T) T {
 // goroutine before that goroutine can release anything; in a pipeline, a
 // sender writes it, and the caller may leave first.
 func TestAttackGiveBackOvertakesPipelinedClaim(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		rk := recordKey(t, b, "victim")
 		p := newPinned(t, b, func(cmds []redis.Cmder) bool { return anyScriptOn(cmds, "claim", rk) },
@@ -289,6 +290,7 @@ func TestAttackGiveBackOvertakesPipelinedClaim(t *testing.T) {
 // and go-redis sent the whole pipeline again, which claims the released
 // key anew (attempt 2) with the departed caller's token.
 func TestAttackPipelineRetryReclaimsAfterGiveBack(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	in := faultconn.New(
 		faultconn.Rule{Match: isRawScriptOn("claim", recordKey(t, b, "victim")), Nth: 1, Action: faultconn.DelayReply, Delay: 4 * time.Second},
@@ -333,6 +335,7 @@ func bigResult(key string, n int) []byte {
 // over the limit, a permanent and a transient failure: every caller gets
 // its own key's outcome, and only its own.
 func TestAttackMixedResultsInOnePipeline(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const mib = 1 << 20
 		setup := b.Idem(t)
@@ -424,6 +427,7 @@ func TestAttackMixedResultsInOnePipeline(t *testing.T) {
 // go in pipelines of at most 256 claims, each caller getting its own
 // key's result, fn once per key.
 func TestAttackMoreThanMaxBatchQueued(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		p := newPinned(t, b, nil, nil)
 		keys := crowdKeys("many", 600)
@@ -466,6 +470,7 @@ func TestAttackMoreThanMaxBatchQueued(t *testing.T) {
 // WithPipelines(0): every script goes alone, however many calls run at
 // once; no pipeline is sent.
 func TestAttackPipelinesOffSendsEveryScriptAlone(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		idemtest.LoadScripts(t, b)
 		rec, ctr := new(pipeRecorder), new(cmdCounter)
@@ -503,6 +508,7 @@ func TestAttackPipelinesOffSendsEveryScriptAlone(t *testing.T) {
 // every call returns with its own outcome, nothing panics, and no
 // goroutine is left.
 func TestAttackCloseWhileQueuedAndInFlight(t *testing.T) {
+	// Not parallel: it checks for leaked goroutines, which parallel tests would start.
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		// The servers' and go-redis's goroutines stay until the cleanups.
 		ignore := []goleak.Option{goleak.IgnoreCurrent(),
@@ -569,6 +575,7 @@ func TestAttackCloseWhileQueuedAndInFlight(t *testing.T) {
 // got one, each caller back soon after its deadline, and once the lease
 // has passed, every key done, failed, released, or free to claim.
 func TestAttackCancelStorm(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	var scripts atomic.Int64
 	isIdem := func(cmd []string) bool {
@@ -726,6 +733,7 @@ func TestAttackCancelStorm(t *testing.T) {
 // take the key over; it does take over, as attempt 2, once the server's
 // lease ends.
 func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	renew := idemtest.IsScript(t, "renew")
 	in := faultconn.New(
@@ -823,6 +831,7 @@ func TestAttackRenewalsInAHeldPipeline(t *testing.T) {
 // WithReplicas: a claim or a completion goes alone, in a pipeline of its
 // own with its WAIT, however many calls run at once.
 func TestAttackReplicasStayUnbatched(t *testing.T) {
+	t.Parallel()
 	primary := redistest.Start(t, redistest.Config{})
 	replica := redistest.Start(t, redistest.Config{Extra: []string{"replicaof 127.0.0.1 " + portOf(primary.Addr())}})
 	b := idemtest.OnServer(primary)
@@ -892,6 +901,7 @@ func clusterByMaster(t *testing.T, cc *redis.ClusterClient, c *idem.Client, pref
 // sent. Once it resumes, and the lease has passed, every key is usable, fn
 // having run at most once per attempt and never beside another owner.
 func TestAttackClusterPausedMasterStallsOnlyItsKeys(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of three redis-server processes: skipped in -short")
 	}
@@ -1015,6 +1025,7 @@ func TestAttackClusterPausedMasterStallsOnlyItsKeys(t *testing.T) {
 // clients, alone or in pipelines, and the ClusterClient's hooks see none
 // of them, whereas with WithPipelines(0) they see all.
 func TestAttackClusterClientHooksSeeTheScripts(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of three redis-server processes: skipped in -short")
 	}
@@ -1099,6 +1110,7 @@ func migrateSlot(t *testing.T, cl *redistest.Cluster, slot uint16, src, dst *red
 // Every caller gets its own key's outcome, fn runs once per key, and the
 // outcomes are stored where the slot now lives.
 func TestAttackClusterSlotMovesUnderBatchedCalls(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of three redis-server processes: skipped in -short")
 	}
@@ -1283,6 +1295,7 @@ func (m *movedCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 // Client replays; fn runs at most once per attempt, never beside another
 // owner.
 func TestAttackClusterManualFailoverUnderBatchedCalls(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of six redis-server processes: skipped in -short")
 	}

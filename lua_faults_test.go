@@ -23,6 +23,7 @@ import (
 
 // Row 21: Redis is killed (-9) and restarted on its data directory.
 func TestRedisRestart(t *testing.T) {
+	t.Parallel()
 	// With the append-only file (appendfsync always), under load from two
 	// Clients, half of it on new keys: every result a Do returned survives
 	// and replays, and no key's fn starts after a Do returned its result.
@@ -179,6 +180,7 @@ func TestRedisRestart(t *testing.T) {
 // calls and between a claim and its completion: EVALSHA answers NOSCRIPT
 // and the scripts are sent whole, also in the pipeline of WithReplicas.
 func TestScriptCacheFlushed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	// calls returns how many times the server ran cmd.
 	calls := func(t *testing.T, b *idemtest.Backend, cmd string) int64 {

@@ -183,6 +183,7 @@ func crowdKeys(prefix string, n int) []string {
 // The queued claims go as one pipeline (one round trip for all), and every
 // call gets its own key's result.
 func TestQueuedCallsShareOnePipeline(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		cr := newCrowd(t, b, 500*time.Millisecond, nil)
 		keys := crowdKeys("k", 40)
@@ -215,6 +216,7 @@ func TestQueuedCallsShareOnePipeline(t *testing.T) {
 // With go-redis's retries, the pipeline is sent again and every call gets
 // its own outcome, fn running once.
 func TestPipelineReplyLost(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	claim := idemtest.IsScript(t, "claim")
 	t.Run("no retries", func(t *testing.T) {
@@ -283,6 +285,7 @@ func TestPipelineReplyLost(t *testing.T) {
 // place is still held: unsent, its claim never ran, and nothing is given
 // back for it.
 func TestQueuedCallLeavesAtItsContext(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		cr := newCrowd(t, b, 5*time.Second, nil)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -313,6 +316,7 @@ func TestQueuedCallLeavesAtItsContext(t *testing.T) {
 // given back, and fn does not run; the other calls of the pipeline get
 // their replies when they come.
 func TestPipelinedCallLeavesAtItsContext(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		claim := idemtest.IsScript(t, "claim")
 		// The second claim overall is the pipeline's first: holding its
@@ -347,6 +351,7 @@ func TestPipelinedCallLeavesAtItsContext(t *testing.T) {
 // Scripts flushed from the server's cache: the queued calls' EVALSHAs
 // answer NOSCRIPT in one pipeline and go again, whole, in a second one.
 func TestPipelineAfterScriptFlush(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		cr := newCrowd(t, b, 500*time.Millisecond, nil)
 		keys := crowdKeys("flushed", 20)
@@ -364,6 +369,7 @@ func TestPipelineAfterScriptFlush(t *testing.T) {
 // service), pipelines on: one fn per key, never two live owners, and every
 // caller gets its own key's result.
 func TestCrowdOnFewKeys(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		var (
 			l idemtest.Runs
@@ -425,6 +431,7 @@ func (cr *crowd) ownResults(keys []string, results []chan callResult) {
 // while, it stops holding its place, and the calls behind it go on. Before,
 // every call waited for the held reply.
 func TestSlowReplyHoldsOnlyItsOwnCalls(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const hold = 5 * time.Second
 		idemtest.LoadScripts(t, b)

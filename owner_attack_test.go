@@ -26,6 +26,7 @@ import (
 // large result of its own meanwhile. When the pipeline is re-sent, the
 // first key must get its own record or none: never the other key's.
 func TestOwnerAttackCompletionOutlivedByItsPipeline(t *testing.T) {
+	// Not parallel: it sets GOMAXPROCS, which is process-wide.
 	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
 	idemtest.LoadScripts(t, b)

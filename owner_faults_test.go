@@ -26,6 +26,7 @@ import (
 // go-redis has none left) is a no-op that succeeds: Do returns the result,
 // fn ran once.
 func TestCompletionReplyLost(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	complete := idemtest.IsScript(t, "complete")
 	ctx := context.Background()
@@ -125,6 +126,7 @@ func faultTakeoverAfterLease(t *testing.T, b *idemtest.Backend, key string, leas
 // timeout, and returns fn's result with an error wrapping ErrNotRecorded.
 // The key stays claimed until the lease ends; then attempt 2 runs.
 func TestStoreFailsAfterFnRan(t *testing.T) {
+	t.Parallel()
 	const lease = time.Second
 	ctx := context.Background()
 
@@ -196,6 +198,7 @@ func TestStoreFailsAfterFnRan(t *testing.T) {
 // (ContextTimeoutEnabled) and every completion's reply is slow, so a
 // completion that used the caller's context would fail.
 func TestOwnerContextEndsDuringFn(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "complete"), Action: faultconn.DelayReply, Delay: 150 * time.Millisecond})
 	c := idemtest.Faulty(t, b, in, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
@@ -320,6 +323,7 @@ func TestOwnerContextEndsDuringFn(t *testing.T) {
 // Client take over as attempt 2 at once, not after the 30s lease; the panic
 // goes on in the owner; no goroutine is left behind.
 func TestPanicWakesWaiters(t *testing.T) {
+	// Not parallel: it checks for leaked goroutines, which parallel tests would start.
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // runs after the other cleanups
 	b := idemtest.Redis(t, redistest.Config{})
@@ -363,6 +367,7 @@ func TestPanicWakesWaiters(t *testing.T) {
 // permanent failure (never run again); the 10 MiB never reach Redis, and
 // the notification carries the small failure record, not the result.
 func TestHugeResult(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c := b.Idem(t, idem.WithMaxResultSize(1<<20))
 	ctx := context.Background()

@@ -27,6 +27,7 @@ import (
 // another caller took the key over meanwhile. The late caller must not
 // start fn; it waits for the new owner's outcome instead.
 func TestSlowClaimReplyDoesNotStartFn(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	const lease = time.Second
 	held := 3 * time.Second
@@ -96,6 +97,7 @@ func TestSlowClaimReplyDoesNotStartFn(t *testing.T) {
 // clock; when another caller took the key over between the repeat and its
 // (slow) reply, the renewal fails and the caller waits for the new owner.
 func TestResentClaimWithNoLeaseLeft(t *testing.T) {
+	t.Parallel()
 	for _, thief := range []bool{false, true} {
 		t.Run(fmt.Sprintf("thief=%v", thief), func(t *testing.T) {
 			b := idemtest.FaultRedis(t, redistest.Config{})
@@ -168,6 +170,7 @@ func TestResentClaimWithNoLeaseLeft(t *testing.T) {
 // at the owner's own lease deadline, before anyone can take the key over,
 // even though the renewal call has not come back.
 func TestHangingRenewalEndsFnContext(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	const lease = 600 * time.Millisecond
 	// Every renewal runs on the server, and its reply is held.
@@ -236,6 +239,7 @@ func TestHangingRenewalEndsFnContext(t *testing.T) {
 // point: a caller that keeps trying to take the key over never starts fn
 // while its owner's context is live.
 func TestSlowClaimAmongRenewals(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	const lease = 600 * time.Millisecond
 	// The claim of "slow" is the first claim sent; its reply is held.
@@ -310,6 +314,7 @@ func TestSlowClaimAmongRenewals(t *testing.T) {
 // Row 31: fn ends with runtime.Goexit (t.FailNow does that). Like a panic:
 // the claim is released, renewals stop, and the next call runs attempt 2.
 func TestGoexitInFnReleases(t *testing.T) {
+	// Not parallel: it checks for leaked goroutines, which parallel tests would start.
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const lease = 300 * time.Millisecond
@@ -344,6 +349,7 @@ func TestGoexitInFnReleases(t *testing.T) {
 // a waiter whose context ends while it re-claims gets ErrInProgress with
 // the context's error.
 func TestRedisHangsCallsEndWithTheirContext(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	const lease = 2 * time.Second
 	rdb := b.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
@@ -413,6 +419,7 @@ func TestRedisHangsCallsEndWithTheirContext(t *testing.T) {
 // Followers in one process share their leader's round to Redis, but not its
 // wait budget: each waits for its own WithWait and its own context.
 func TestFollowersKeepTheirOwnBudget(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		owner := b.Idem(t)
 		release := make(chan struct{})
@@ -484,6 +491,7 @@ func TestFollowersKeepTheirOwnBudget(t *testing.T) {
 func nil2(context.Context) ([]byte, error) { return nil, errors.New("a waiter ran fn") }
 
 func TestCrashedOwnerTakenOver(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		// A second: with 200ms, on a loaded machine the dead owner's lease
 		// ended before the first call, or the takeover's claim came back
@@ -510,6 +518,7 @@ func TestCrashedOwnerTakenOver(t *testing.T) {
 }
 
 func TestStaleOwnerLosesLease(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithWait(0))
 		ctx := context.Background()
@@ -547,6 +556,7 @@ func TestStaleOwnerLosesLease(t *testing.T) {
 }
 
 func TestLeaseLossCancelsFn(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	// A second: with 60ms, on a loaded machine the claim came back with too
 	// little of its lease and fn did not run (TestSuiteBesideBusyGoroutines).
@@ -579,6 +589,7 @@ func TestLeaseLossCancelsFn(t *testing.T) {
 }
 
 func TestLeaseRenewedWhileFnRuns(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	// A second: with 90ms, a loaded machine delayed renewals past the lease
 	// (TestSuiteBesideBusyGoroutines).
@@ -618,10 +629,13 @@ func TestLeaseRenewedWhileFnRuns(t *testing.T) {
 // One queue and one timer serve a Client's leases (see renew.go); every
 // long fn must keep its key, and every fn run once.
 func TestManyLeasesRenewed(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
-	// A lease of a second: with 90ms, a loaded machine delayed renewals past
-	// the lease and every long fn lost its key (TestSuiteBesideBusyGoroutines).
-	const lease = time.Second
+	// A lease of two seconds: with 90ms, a loaded machine delayed renewals
+	// past the lease and every long fn lost its key
+	// (TestSuiteBesideBusyGoroutines); with one second, so did the suite's
+	// parallel tests beside the busy goroutines.
+	const lease = 2 * time.Second
 	c := b.Idem(t, idem.WithLease(lease), idem.WithWait(0))
 	ctx := context.Background()
 	var l idemtest.Runs
@@ -675,6 +689,7 @@ func TestManyLeasesRenewed(t *testing.T) {
 // (which renewals move): documented at AttemptFrom. It still ends when
 // the lease does (TestHangingRenewalEndsFnContext).
 func TestFnDeadlineIsTheCallers(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	c := b.Idem(t, idem.WithLease(time.Second))
 	type seen struct {

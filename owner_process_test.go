@@ -41,6 +41,7 @@ const (
 // "in fn attempt=N" and waits for a line on its stdin; then it reports what
 // Do returned.
 func TestChildOwner(t *testing.T) {
+	t.Parallel()
 	addr := os.Getenv(childEnv)
 	if addr == "" {
 		t.Skip("the owner process of the child-process tests; runs only as their child")
@@ -105,6 +106,7 @@ func signal(t *testing.T, c *idemtest.Child, sig syscall.Signal, want byte) {
 // deadline with ErrInProgress; the next call takes over once the lease has
 // ended, as attempt 2.
 func TestOwnerProcessKilled(t *testing.T) {
+	t.Parallel()
 	const lease = time.Second
 	b := idemtest.Redis(t, redistest.Config{})
 	child := startChildOwner(t, b.Addr, "k", lease)
@@ -156,6 +158,7 @@ func TestOwnerProcessKilled(t *testing.T) {
 // (SIGCONT) and finishes fn: its completion is refused with ErrLeaseLost,
 // and the newer result stays.
 func TestOwnerProcessPaused(t *testing.T) {
+	t.Parallel()
 	const lease = 500 * time.Millisecond
 	b := idemtest.Redis(t, redistest.Config{})
 	child := startChildOwner(t, b.Addr, "k", lease)

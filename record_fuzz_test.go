@@ -410,6 +410,7 @@ func FuzzRecord(f *testing.F) {
 // TestFuzzRecordSeedsOnRedis runs FuzzRecord's seeds on a real redis-server,
 // whose Lua is not miniredis's.
 func TestFuzzRecordSeedsOnRedis(t *testing.T) {
+	t.Parallel()
 	env := newRecordEnv(t, true)
 	for i, s := range recordSeeds() {
 		t.Run(strconv.Itoa(i), func(t *testing.T) { env.check(t, s) })

@@ -5,6 +5,7 @@ import "testing"
 // notified trusts a notification only as the finished record of the owner
 // the waiter saw, with a fingerprint that does not conflict.
 func TestNotified(t *testing.T) {
+	t.Parallel()
 	rec := func(st byte, fp, owner string, n int64, payload string) string {
 		return string(append(appendHeader(nil, recordState(st), fp, owner, n), payload...))
 	}

@@ -121,6 +121,7 @@ func encodeReply(v []any) []byte {
 }
 
 func TestFuzzReplyEncoding(t *testing.T) {
+	t.Parallel()
 	for _, v := range [][]any{
 		{}, {"c", int64(1), int64(30000)}, {"d", ""}, {"x"}, {nil, int64(-1), []any{"a", []any{}}},
 	} {
@@ -317,6 +318,7 @@ func FuzzFinished(f *testing.F) {
 // TestLongestLease: every lease that New accepts must come back in a claim
 // reply that parseClaim accepts, or Do could never run fn.
 func TestLongestLease(t *testing.T) {
+	t.Parallel()
 	for _, d := range []time.Duration{30 * time.Second, 24 * time.Hour, 10 * 365 * 24 * time.Hour, 100 * 365 * 24 * time.Hour} {
 		cfg := defaultConfig()
 		WithLease(d)(&cfg)

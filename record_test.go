@@ -13,6 +13,7 @@ import (
 // TestClaimResult covers the scalar replies of lua/claim.lua (FuzzClaimReply
 // covers the arrays, FuzzFinished the finished records).
 func TestClaimResult(t *testing.T) {
+	t.Parallel()
 	const lease = 30 * time.Second
 	for _, tc := range []struct {
 		v       any

@@ -30,6 +30,7 @@ import (
 // another caller that takes the key over when that lease ends would start
 // fn beside a live one.
 func TestRenewalReplyDatedByItsOwnSend(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	const (
 		lease = 4500 * time.Millisecond

@@ -15,6 +15,7 @@ import (
 // one), holding exactly the renewals started and not stopped, with the
 // timer armed no later than the head's due.
 func TestRenewalQueue(t *testing.T) {
+	t.Parallel()
 	q := &renewals{every: time.Hour}
 	t.Cleanup(func() {
 		if q.timer != nil {
@@ -69,6 +70,7 @@ func TestRenewalQueue(t *testing.T) {
 // lies between the store timeout and a sixteenth more, and end then, with
 // the contexts derived from them.
 func TestBounds(t *testing.T) {
+	t.Parallel()
 	const d = 160 * time.Millisecond
 	b := &bounds{d: d}
 	type key struct{}
@@ -115,6 +117,7 @@ func TestBounds(t *testing.T) {
 // TestAttemptFromDerived finds fn's Attempt through contexts derived from
 // fn's.
 func TestAttemptFromDerived(t *testing.T) {
+	t.Parallel()
 	cctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	fctx := &attemptCtx{Context: cctx, a: Attempt{Key: "k", Number: 3}}
@@ -137,6 +140,7 @@ func TestAttemptFromDerived(t *testing.T) {
 // TestFirstPollAtMostTheInterval: a waiter's first pause is no longer than
 // WithPollInterval.
 func TestFirstPollAtMostTheInterval(t *testing.T) {
+	t.Parallel()
 	for _, d := range []time.Duration{time.Millisecond, 10 * time.Millisecond, time.Second} {
 		c := New(nil, WithPollInterval(d))
 		if c.firstPoll > d || c.firstPoll <= 0 {

@@ -13,6 +13,7 @@ import (
 // Result tells a client what became of its key without running fn or
 // waiting: each state, and the stored outcome of finished keys.
 func TestResult(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		c := b.Idem(t, idem.WithLease(time.Minute), idem.WithLogger(nil))

@@ -12,6 +12,7 @@ import (
 )
 
 func TestStatusAndForget(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithRetention(time.Hour))
 		ctx := context.Background()

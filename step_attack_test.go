@@ -32,6 +32,7 @@ func pass(t testing.TB, b *idemtest.Backend, d time.Duration) {
 // lives on, released, so the next call is attempt 2, which must get the
 // checkpoint of the step instead of running it again.
 func TestStepAttackCheckpointOutlivesRetention(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const retention, lease = 2 * time.Second, time.Second
 		c := b.Idem(t, idem.WithRetention(retention), idem.WithLease(lease), idem.WithWait(0))
@@ -86,6 +87,7 @@ func TestStepAttackCheckpointOutlivesRetention(t *testing.T) {
 // same (the compare-and-set is on the owner token, not the number), its
 // later steps do not run, and with a ledger one commit stands.
 func TestStepAttackFlushBetweenSteps(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()
@@ -173,6 +175,7 @@ type ownerA struct{}
 // new attempt has come yet (its fn does other work first: a ledger lookup,
 // a query). On miniredis, whose clock the test moves while fn runs.
 func TestStepAttackTakeoverAtEndOfRetention(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	const retention, lease = 10 * time.Second, 3 * time.Second
 	c := b.Idem(t, idem.WithRetention(retention), idem.WithLease(lease), idem.WithWait(0))

@@ -15,6 +15,7 @@ import (
 // included), each operation's checkpoints in its record's slot, written
 // through the master's pipelines with WAIT, resumed by the next attempt.
 func TestStepsOnCluster(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of six redis-server processes: skipped in -short")
 	}

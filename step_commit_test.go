@@ -17,6 +17,7 @@ import (
 // the owner's Do returns the committed outcome with an error that says so;
 // replays get the outcome alone.
 func TestStepAfterCommitIsRefused(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()

@@ -66,6 +66,7 @@ func reserveAndCharge(runs *stepRuns, own *idemtest.Owners, entered, release cha
 // then finishes step 2: its checkpoint is refused with ErrLeaseLost, and
 // attempt 2's checkpoint and result stand.
 func TestStepTakeoverAfterLostLease(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	const lease = time.Second
 	ctx := context.Background()
@@ -143,6 +144,7 @@ func TestStepTakeoverAfterLostLease(t *testing.T) {
 // finds the same bytes stored and answers stored. The step ran once, and
 // the next attempt gets its checkpoint.
 func TestStepCheckpointReplyLost(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
 	idemtest.LoadScripts(t, b)
@@ -186,6 +188,7 @@ func TestStepCheckpointReplyLost(t *testing.T) {
 // ErrNotRecorded, and the next attempt runs the step again: the window
 // that only the downstream's own idempotency covers.
 func TestStepCheckpointNotStored(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
 	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "step"), Action: faultconn.CloseBefore})

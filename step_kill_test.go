@@ -62,6 +62,7 @@ var stepsKillPoints = []string{
 // key), notify (INCR). It reports each result, and kills itself with
 // SIGKILL at the point named by stepsChildEnv_KILL ("op-2 after-reserve").
 func TestChildStepsOwner(t *testing.T) {
+	t.Parallel()
 	addr := os.Getenv(stepsChildEnv)
 	if addr == "" {
 		t.Skip("the process of TestStepsKilledAtRandomPoints; runs only as its child")
@@ -203,6 +204,7 @@ func stepsPlan(rng *rand.Rand, kills int) [][2]string {
 }
 
 func TestStepsKilledAtRandomPoints(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("IDEM_STEPS_SEED"); s != "" {
 		var err error

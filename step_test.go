@@ -92,6 +92,7 @@ func debitSteps(runs *stepRuns, failNotify *atomic.Bool) func(context.Context) (
 // next attempt gets steps 1 and 2 from their checkpoints, runs step 3
 // alone, and returns what the first attempt's steps returned.
 func TestStepsResumeAfterTransientError(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -128,6 +129,7 @@ func TestStepsResumeAfterTransientError(t *testing.T) {
 // A permanent error is checkpointed: the next attempt gets it back as a
 // *StoredError, with its message and code, and does not run the step.
 func TestStepPermanentErrorCheckpointed(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -167,6 +169,7 @@ func TestStepPermanentErrorCheckpointed(t *testing.T) {
 // operation's checkpoints past four times that, are checkpointed as
 // permanent failures wrapping ErrTooLarge, and never run again.
 func TestStepLargeValues(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const limit = 1000
 		c := b.Idem(t, idem.WithMaxResultSize(limit))
@@ -223,6 +226,7 @@ func TestStepLargeValues(t *testing.T) {
 
 // Misuse gets an error naming the step, and the step's fn does not run.
 func TestStepMisuse(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -284,6 +288,7 @@ func TestStepMisuse(t *testing.T) {
 // Steps of one attempt may run at once under different names; the same
 // name at once is refused for all but one.
 func TestStepsConcurrent(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t)
 		ctx := context.Background()
@@ -341,6 +346,7 @@ func stepKeyOf(prefix, key, name string) string {
 // every Client of one prefix, different for other names, keys and
 // prefixes, and "" outside Do.
 func TestStepKey(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	if got := idem.StepKey(ctx, "charge"); got != "" {
@@ -393,6 +399,7 @@ func TestStepKey(t *testing.T) {
 // StepFrom names the step that a context belongs to, and nothing outside
 // one (nor inside a Do call nested in a step).
 func TestStepFrom(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	c := b.Idem(t)
 	ctx := context.Background()
@@ -421,6 +428,7 @@ func TestStepFrom(t *testing.T) {
 // Forget removes the steps' checkpoints with the record: the next Do runs
 // every step again.
 func TestForgetRemovesSteps(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		t.Run("plain", func(t *testing.T) { testForgetRemovesSteps(t, b, b.Idem(t)) })
 		t.Run("tombstones", func(t *testing.T) { testForgetRemovesSteps(t, b, b.Idem(t, idem.WithTombstones(time.Hour))) })
@@ -460,6 +468,7 @@ func testForgetRemovesSteps(t *testing.T, b *idemtest.Backend, c *idem.Client) {
 // The checkpoints never outlive the record: their TTL is set to the
 // record's at every checkpoint, and completion leaves them to expire.
 func TestStepCheckpointsExpireWithRecord(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithRetention(time.Hour), idem.WithLease(10*time.Second))
 		ctx := context.Background()
@@ -491,6 +500,7 @@ func TestStepCheckpointsExpireWithRecord(t *testing.T) {
 // progress reads or writes; a checkpoint is never replaced; a write over
 // the limit is refused; the hash's TTL is the record's.
 func TestStepScript(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		rdb := b.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })

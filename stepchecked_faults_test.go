@@ -32,6 +32,7 @@ func staleAndFresh(t *testing.T, b *idemtest.Backend) (stale, fresh *idem.Client
 // charge, and the result is its id. The stale owner's checkpoint is then
 // refused with ErrLeaseLost.
 func TestStepCheckedTakeoverAfterCharge(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
 	stale, fresh := staleAndFresh(t, b)
@@ -81,6 +82,7 @@ func TestStepCheckedTakeoverAfterCharge(t *testing.T) {
 // store an intent: StepChecked returns ErrLeaseLost and act does not run.
 // The owner's intent is kept.
 func TestStepCheckedStaleOwnerWritesNoIntent(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
 	stale, fresh := staleAndFresh(t, b)

@@ -21,6 +21,7 @@ import (
 // ErrUnknownOutcome, Status and Result say StateParked naming the step,
 // and after ResolveNotApplied the next attempt finishes.
 func TestStepCheckedParkedWhateverFnReturns(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		c := b.Idem(t, idem.WithLease(2*time.Second))
@@ -88,6 +89,7 @@ func TestStepCheckedParkedWhateverFnReturns(t *testing.T) {
 // An attempt that ends with a parked step is an EventParked outcome (fn
 // ran, nothing stored), logged at Error by LogObserver.
 func TestStepCheckedParkedEvent(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	r := &recorder{}
 	var buf syncBuffer

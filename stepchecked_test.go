@@ -102,6 +102,7 @@ var errTimeout = errors.New("provider: read timeout")
 // charge lands, the check says applied. One charge, and its id is the
 // result.
 func TestStepCheckedAmbiguousLateCharge(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithLease(2*time.Second))
 		var p keylessProvider
@@ -130,6 +131,7 @@ func TestStepCheckedAmbiguousLateCharge(t *testing.T) {
 // but act cannot tell): check says not applied, and once SettleAfter has
 // passed act runs again, with the same reference. One charge in all.
 func TestStepCheckedNotAppliedAfterSettle(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithLease(2*time.Second))
 		var p keylessProvider
@@ -165,6 +167,7 @@ func TestStepCheckedNotAppliedAfterSettle(t *testing.T) {
 // charge once; Resolve with a value makes the next attempt return it,
 // with no charge.
 func TestStepCheckedParkedThenResolved(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		c := b.Idem(t, idem.WithLease(2*time.Second))
@@ -244,6 +247,7 @@ func TestStepCheckedParkedThenResolved(t *testing.T) {
 // cleared, and the next attempt runs act, not check. A Permanent error is
 // checkpointed and replayed.
 func TestStepCheckedActErrors(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		c := b.Idem(t)
@@ -277,6 +281,7 @@ func TestStepCheckedActErrors(t *testing.T) {
 
 // Bad calls are refused before the intent is stored: act does not run.
 func TestStepCheckedBadCalls(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	c := b.Idem(t)
 	var p keylessProvider

@@ -15,6 +15,7 @@ import (
 // Clients left: Status reports one, and after Forget the service's next
 // call runs fn instead of getting ErrLateRetry.
 func TestTombstoneForgetByAnyClient(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		svc := b.Idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))

@@ -58,6 +58,7 @@ func epochDay(t time.Time) int64 { return t.UnixMilli() / 86_400_000 }
 // hash beside its tombstone's buckets; conflicts and new keys are not; the
 // hash keeps the last 8 days and expires 8 days after its last count.
 func TestTombstoneCountsLateRetries(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		c := b.Idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
@@ -143,6 +144,7 @@ func TestTombstoneCountsLateRetries(t *testing.T) {
 // On a cluster, each late retry is counted in its key's slot, so the
 // script may write it: the counts over every master add up.
 func TestTombstoneCountsLateRetriesCluster(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of three redis-server processes: skipped in -short")
 	}

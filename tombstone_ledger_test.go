@@ -17,6 +17,7 @@ import (
 // hit looks the key up first. Only a key the ledger lacks is refused with
 // ErrLateRetry, and a failed lookup fails closed.
 func TestTombstoneLooksUpTheLedger(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		l := newMemLedger()

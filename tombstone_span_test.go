@@ -16,6 +16,7 @@ import (
 // tombstones that either wrote are found by both, and Forget by either
 // reaches them.
 func TestTombstoneSpanChange(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		lease := 500 * time.Millisecond

@@ -17,6 +17,7 @@ import (
 
 // Row 42 of docs/faults.md: a retry after the retention, with tombstones.
 func TestTombstoneRefusesLateRetry(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		retention, keep := time.Second, 2*time.Second
@@ -66,6 +67,7 @@ func TestTombstoneRefusesLateRetry(t *testing.T) {
 }
 
 func TestTombstoneForget(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		c := b.Idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
@@ -108,6 +110,7 @@ func TestTombstoneForget(t *testing.T) {
 // Buckets fill past one listpack's 128 fields and spill to further levels:
 // every tombstone is still found, and no new key is refused.
 func TestTombstoneBucketsSpill(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
 	c := b.Idem(t, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
@@ -147,6 +150,7 @@ func TestTombstoneBucketsSpill(t *testing.T) {
 // The tombstone lives in the key's cluster slot: keys over many slots
 // complete and are refused as late retries on a real cluster.
 func TestTombstoneCluster(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of three redis-server processes: skipped in -short")
 	}
@@ -182,6 +186,7 @@ func TestTombstoneCluster(t *testing.T) {
 // The memory of 100,000 tombstones, on a real server: the README's
 // figure. It fails above 64 bytes a tombstone.
 func TestTombstoneMemory(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("100,000 tombstones: skipped in -short")
 	}
@@ -227,6 +232,7 @@ func TestTombstoneMemory(t *testing.T) {
 
 // A replay's event carries the age of the outcome it replays.
 func TestReplayEventAge(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Miniredis(t)
 	ctx := context.Background()
 	var got []idem.Event

@@ -38,6 +38,7 @@ import (
 // default) sends the script again: the repeat, with the same owner token,
 // answers "yours", and fn runs once as attempt 1.
 func TestClaimReplyLostIsRetried(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	claim := idemtest.IsScript(t, "claim")
 	count, claims := idemtest.Count(claim)
@@ -67,6 +68,7 @@ func TestClaimReplyLostIsRetried(t *testing.T) {
 // if) it is ours: the next call runs at once as attempt 2, instead of
 // waiting out the lease (30s here).
 func TestClaimOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
 	claim := idemtest.IsScript(t, "claim")
 	ctx := context.Background()
@@ -165,6 +167,7 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 // which write nothing, still work; and once memory is back, the keys carry
 // on where they were.
 func TestOutOfMemoryClaimFailsWhole(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c := b.Idem(t, idem.WithWait(0))
 	ctx := context.Background()
@@ -231,6 +234,7 @@ func TestOutOfMemoryClaimFailsWhole(t *testing.T) {
 // is either nothing or a claim nobody holds, which the next caller takes
 // over after the lease.
 func TestSlowServer(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 
 	t.Run("BUSY", func(t *testing.T) {

@@ -41,6 +41,7 @@ func startOwner(t *testing.T, c *idem.Client, key string, l *idemtest.Runs) (fin
 }
 
 func TestDuplicatesWaitForTheResult(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		const dups = 50
 		clients := []*idem.Client{b.Idem(t), b.Idem(t)} // two service instances
@@ -74,6 +75,7 @@ func TestDuplicatesWaitForTheResult(t *testing.T) {
 }
 
 func TestWaiterContextCancelled(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		owner, waiter := b.Idem(t), b.Idem(t, idem.WithWait(time.Minute))
 		var l idemtest.Runs
@@ -108,6 +110,7 @@ func TestWaiterContextCancelled(t *testing.T) {
 }
 
 func TestNoWait(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithWait(0))
 		var l idemtest.Runs
@@ -124,6 +127,7 @@ func TestNoWait(t *testing.T) {
 }
 
 func TestWaitBudgetEnds(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		c := b.Idem(t, idem.WithWait(150*time.Millisecond))
 		var l idemtest.Runs
@@ -189,6 +193,7 @@ func woken(t *testing.T, out <-chan [2]any) [2]any {
 }
 
 func TestWokenByPubSubAlone(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		owner := b.Idem(t)
 		waiter := b.Idem(t, idem.WithWait(wakeBudget))
@@ -210,6 +215,7 @@ func TestWokenByPubSubAlone(t *testing.T) {
 }
 
 func TestPubSubKilledWhileWaiting(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	owner := b.Idem(t)
 	waiter := b.Idem(t, idem.WithWait(wakeBudget))
@@ -234,6 +240,7 @@ func TestPubSubKilledWhileWaiting(t *testing.T) {
 }
 
 func TestLostPublishEndsByPolling(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		owner := b.Idem(t)
 		idem.LosePublishes(owner)
@@ -257,6 +264,7 @@ func TestLostPublishEndsByPolling(t *testing.T) {
 }
 
 func TestNotificationInTheSubscribeGap(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		owner := b.Idem(t)
 		waiter := b.Idem(t, idem.WithWait(wakeBudget))
@@ -281,6 +289,7 @@ func TestNotificationInTheSubscribeGap(t *testing.T) {
 }
 
 func TestReleaseHandsOverToAWaiter(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		owner, waiter := b.Idem(t), b.Idem(t, idem.WithWait(wakeBudget))
 		idem.NoPolling(waiter)
@@ -304,6 +313,7 @@ func TestReleaseHandsOverToAWaiter(t *testing.T) {
 }
 
 func TestCloseEndsWaiters(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		owner := b.Idem(t)
 		waiter := idem.New(b.Client(t), idem.WithWait(time.Minute))
@@ -326,6 +336,7 @@ func TestCloseEndsWaiters(t *testing.T) {
 }
 
 func TestRecordExpiresWhileWaiting(t *testing.T) {
+	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
 	c := b.Idem(t, idem.WithWait(10*time.Second), idem.WithPollInterval(20*time.Millisecond))
 	rk := idem.RecordKey(c, "k")
@@ -349,6 +360,7 @@ func TestRecordExpiresWhileWaiting(t *testing.T) {
 }
 
 func TestManyWaitersShareOneSubscriber(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("5,000 waiters: skipped in -short")
 	}
@@ -424,6 +436,7 @@ func TestManyWaitersShareOneSubscriber(t *testing.T) {
 // (a stale one, or anyone's PUBLISH) only makes it claim again, and it
 // goes on waiting until its owner's own outcome comes.
 func TestNotificationOutcomeOnlyFromTheOwner(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		owner := b.Idem(t)
 		// No polling: the first poll an hour away (NoPolling), and the

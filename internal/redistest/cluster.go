@@ -3,6 +3,7 @@ package redistest
 import (
 	"fmt"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,8 +131,8 @@ func (c *Cluster) Nodes() []*Server {
 	return append([]*Server(nil), c.nodes...)
 }
 
-// KillMasterOf kills with SIGKILL the master that owns the slot of key,
-// then waits until a replica has been promoted in its place: every other
+// KillMasterOf waits until the master that owns the slot of key has a
+// live replica in sync with it, kills that master with SIGKILL, then waits until a replica has been promoted in its place: every other
 // node says cluster_state:ok and names a new master for the slot. It
 // returns the killed server, which Restart brings back as a replica.
 func (c *Cluster) KillMasterOf(tb testing.TB, key string) *Server {
@@ -147,20 +148,38 @@ func (c *Cluster) KillMasterOf(tb testing.TB, key string) *Server {
 		return nil
 	}
 	slot, _ := strconv.Atoi(slotText)
-	nodes, err := clusterNodes(live[0].Addr())
-	if err != nil {
-		tb.Fatalf("redistest: CLUSTER NODES on %s: %v", live[0].Addr(), err)
-		return nil
-	}
-	owner := slotOwner(nodes, slot)
-	victim := c.byAddr(owner)
-	if victim == nil {
-		tb.Fatalf("redistest: slot %d of %q is owned by %q, which is not a node of this cluster", slot, key, owner)
-		return nil
-	}
-	if !hasLiveReplica(nodes, owner) {
-		tb.Fatalf("redistest: master %s of slot %d has no live replica to take over", owner, slot)
-		return nil
+	// Under load a replica may be flagged fail? for a moment, or still
+	// syncing: wait until the slot's master has a live, synced replica to
+	// take over, or the kill would leave the slot without a master.
+	var (
+		owner  string
+		victim *Server
+	)
+	deadline := time.Now().Add(clusterTimeout)
+	for {
+		nodes, err := clusterNodes(live[0].Addr())
+		if err != nil {
+			tb.Fatalf("redistest: CLUSTER NODES on %s: %v", live[0].Addr(), err)
+			return nil
+		}
+		owner = slotOwner(nodes, slot)
+		victim = c.byAddr(owner)
+		if victim == nil {
+			tb.Fatalf("redistest: slot %d of %q is owned by %q, which is not a node of this cluster", slot, key, owner)
+			return nil
+		}
+		if !hasReplica(nodes, owner) {
+			tb.Fatalf("redistest: master %s of slot %d has no live replica to take over: it has none", owner, slot)
+			return nil
+		}
+		if hasLiveReplica(nodes, owner) && c.hasSyncedReplica(nodes, owner) {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: master %s of slot %d has no live replica to take over, in sync, within %v\n%s", owner, slot, clusterTimeout, c.logTails())
+			return nil
+		}
+		time.Sleep(clusterPoll)
 	}
 	victim.Kill()
 	if err := c.waitStable(victim, key); err != nil {
@@ -348,6 +367,46 @@ func hasLiveReplica(nodes []clusterNode, addr string) bool {
 	}
 	for _, n := range nodes {
 		if id != "" && n.master == id && hasFlag(n, "slave") && !hasFlag(n, "fail") && !hasFlag(n, "fail?") {
+			return true
+		}
+	}
+	return false
+}
+
+// hasReplica reports whether nodes name a replica of the master at addr,
+// live or not.
+func hasReplica(nodes []clusterNode, addr string) bool {
+	for _, n := range nodes {
+		if n.addr == addr {
+			for _, r := range nodes {
+				if r.master == n.id && hasFlag(r, "slave") {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// hasSyncedReplica reports whether a running replica of the master at
+// addr, as nodes name them, says its link to the master is up and no sync
+// is in progress.
+func (c *Cluster) hasSyncedReplica(nodes []clusterNode, addr string) bool {
+	id := ""
+	for _, n := range nodes {
+		if n.addr == addr {
+			id = n.id
+		}
+	}
+	for _, n := range nodes {
+		if id == "" || n.master != id || !hasFlag(n, "slave") || hasFlag(n, "fail") || hasFlag(n, "fail?") {
+			continue
+		}
+		if s := c.byAddr(n.addr); s == nil || !slices.Contains(c.live(), s) {
+			continue
+		}
+		repl, err := rawDo(n.addr, time.Second, "INFO", "replication")
+		if err == nil && infoField(repl, "master_link_status") == "up" && infoField(repl, "master_sync_in_progress") == "0" {
 			return true
 		}
 	}

@@ -28,7 +28,10 @@ func TestAck(t *testing.T) {
 	b := idemtest.Miniredis(t)
 	mr := b.MR
 	ctx := context.Background()
-	c := b.Idem(t, idem.WithWait(0), idem.WithLease(10*time.Second), idem.WithMaxResultSize(256), idem.WithStoreTimeout(50*time.Millisecond))
+	c := b.Idem(t, idem.WithWait(0), idem.WithLease(10*time.Second), idem.WithMaxResultSize(256),
+		// Long enough for a store on a loaded machine (50ms failed under
+		// -race beside parallel tests); the unrecorded rows wait it out.
+		idem.WithStoreTimeout(time.Second))
 	other := b.Idem(t, idem.WithWait(0), idem.WithLease(10*time.Second))
 	ok := func(context.Context) ([]byte, error) { return []byte("ok"), nil }
 	fail := func(err error) func(context.Context) ([]byte, error) {

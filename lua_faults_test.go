@@ -114,6 +114,16 @@ func TestRedisRestart(t *testing.T) {
 			b.Srv.Restart(t)
 		}
 		time.Sleep(300 * time.Millisecond)
+		// On a loaded machine (-race, parallel tests) the load is slower:
+		// it goes on until it has done the 50 keys checked below.
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			mu.Lock()
+			n := len(results)
+			mu.Unlock()
+			if n >= 50 {
+				break
+			}
+		}
 		close(stop)
 		wg.Wait()
 		t.Logf("%d keys; %d calls returned a result, %d were in flight across a kill; errors: %v",

@@ -127,7 +127,9 @@ func faultTakeoverAfterLease(t *testing.T, b *idemtest.Backend, key string, leas
 // The key stays claimed until the lease ends; then attempt 2 runs.
 func TestStoreFailsAfterFnRan(t *testing.T) {
 	t.Parallel()
-	const lease = time.Second
+	// Three seconds: beside busy loops, a killed server's restart took
+	// most of a one-second lease.
+	const lease = 3 * time.Second
 	ctx := context.Background()
 
 	// The connection is cut before every completion (but not before a

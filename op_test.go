@@ -19,6 +19,7 @@ type chargeIn struct {
 // An Op stores its input beside the claim while it runs, in the claim's
 // round trip, and the stored outcome deletes it; with tombstones too.
 func TestOpStoresInputWhileUnfinished(t *testing.T) {
+	t.Parallel()
 	for _, opts := range [][]idem.Option{nil, {idem.WithTombstones(time.Hour)}} {
 		idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 			ctx := context.Background()
@@ -65,6 +66,7 @@ func TestOpStoresInputWhileUnfinished(t *testing.T) {
 // A transient failure keeps the input (the operation is unfinished);
 // Forget deletes it. A plain Do stores none.
 func TestOpInputKeptOnRelease(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		c := b.Idem(t, idem.WithLease(time.Minute), idem.WithLogger(nil))
@@ -99,6 +101,7 @@ func TestOpInputKeptOnRelease(t *testing.T) {
 // Register refuses a name twice on one Client, naming it; an input over
 // MaxInputSize is refused before fn runs.
 func TestRegisterTwicePanicsAndInputLimit(t *testing.T) {
+	t.Parallel()
 	c := idemtest.Miniredis(t).Idem(t, idem.WithLogger(nil))
 	ran := false
 	op := idem.Register(c, "big", func(ctx context.Context, in []byte) (int, error) { ran = true; return 1, nil })

@@ -16,6 +16,7 @@ import (
 // the error matches ErrUnknownOutcome and ErrParked. Resolving the step
 // lets the next Do take the operation over.
 func TestParkedOperationDoesNotRunFn(t *testing.T) {
+	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
 		ctx := context.Background()
 		c := b.Idem(t, idem.WithLease(2*time.Second), idem.WithLogger(nil))

@@ -19,8 +19,8 @@ import (
 
 // EventKind says what an Event reports. Every call of Do ends in exactly
 // one outcome (see EventKind.Outcome); on its way it may also have waited
-// for another owner (EventWaited) and taken the key over from an earlier
-// attempt (EventTookOver).
+// for another owner (EventWaited), taken the key over from an earlier
+// attempt (EventTookOver) and reconciled checked steps (EventReconciled).
 type EventKind uint8
 
 // The kinds of events.
@@ -82,6 +82,14 @@ const (
 	// was stored, and every call gets ErrUnknownOutcome until an operator
 	// resolves the step (Resolve, ResolveNotApplied).
 	EventParked
+	// EventReconciled: a checked step of fn (StepChecked, named by
+	// Event.Step) asked its provider whether its effect happened, and
+	// Event.Check is what settled it: CheckApplied (check's value was
+	// checkpointed; act did not run), CheckNotApplied (after the settle
+	// time: act ran again) or CheckUnknown (ReconcileFor ended: the step
+	// is parked). One event per reconciliation; a reconciliation that
+	// fn's context cut short makes none. A step, not an outcome.
+	EventReconciled
 )
 
 var kindNames = [...]string{
@@ -100,6 +108,7 @@ var kindNames = [...]string{
 
 	EventLedgerReplayed: "ledger_replayed",
 	EventParked:         "parked",
+	EventReconciled:     "reconciled",
 }
 
 // String returns the kind's name in snake case, such as "lease_lost",
@@ -112,9 +121,10 @@ func (k EventKind) String() string {
 }
 
 // Outcome reports whether k is the outcome of a call (every call has
-// exactly one), not a step on its way (EventWaited, EventTookOver).
+// exactly one), not a step on its way (EventWaited, EventTookOver,
+// EventReconciled).
 func (k EventKind) Outcome() bool {
-	return k != EventWaited && k != EventTookOver && k != 0 && int(k) < len(kindNames)
+	return k != EventWaited && k != EventTookOver && k != EventReconciled && k != 0 && int(k) < len(kindNames)
 }
 
 // Ran reports whether a call with outcome k ran fn: executed, failed,
@@ -129,8 +139,8 @@ func (k EventKind) Ran() bool {
 
 // An Event reports one outcome, or one step, of a call of Do (see
 // EventKind). Events reach the Observers given to WithObserver when the
-// call ends, in the order they happened: a wait, a takeover, then the
-// outcome.
+// call ends, in the order they happened: a wait, a takeover, the
+// reconciliations, then the outcome.
 type Event struct {
 	// Kind says what happened.
 	Kind EventKind
@@ -170,6 +180,11 @@ type Event struct {
 	// Client.LogAttrs): errors.Is and errors.As see the error Do returned,
 	// and a log of Err.Error() does not reveal the key.
 	Err error
+	// Step is, for EventReconciled, the checked step's name; "" otherwise.
+	Step string
+	// Check is, for EventReconciled, the answer that settled the step
+	// (CheckUnknown: it was parked); CheckUnknown otherwise.
+	Check Check
 }
 
 // An Observer receives the events of a Client's calls (WithObserver).
@@ -218,12 +233,14 @@ func EventKeyDigest(secret []byte, key string) string {
 
 // LogObserver returns an Observer that logs events to l: lost leases,
 // unrecorded outcomes and parked steps at Error (fn acted and its outcome
-// is not stored),
-// takeovers, errors, calls that ran out of wait and outcomes the ledger
-// decided (Redis had lost or not finished the record) at Warn, the rest at
+// is not stored); takeovers, errors, calls that ran out of wait, outcomes
+// the ledger decided (Redis had lost or not finished the record) and
+// reconciliations (a provider's answer was lost) at Warn; the rest at
 // Debug. Each record carries the kind, the key's digest, the attempt, the
 // durations and the error, whose message names the key by its digest (the
-// key itself only with WithRawEventKeys(true), as Client.LogAttrs says).
+// key itself only with WithRawEventKeys(true), as Client.LogAttrs says); a
+// reconciliation's also the step and the check ("applied", "not applied",
+// "unknown").
 func LogObserver(l *slog.Logger) Observer {
 	return logObserver{l}
 }
@@ -237,7 +254,7 @@ func (o logObserver) Observe(ctx context.Context, e Event) {
 	switch e.Kind {
 	case EventLeaseLost, EventNotRecorded, EventParked:
 		level = slog.LevelError
-	case EventTookOver, EventError, EventInProgress, EventLedgerReplayed:
+	case EventTookOver, EventError, EventInProgress, EventLedgerReplayed, EventReconciled:
 		level = slog.LevelWarn
 	}
 	if !o.l.Enabled(ctx, level) {
@@ -255,6 +272,9 @@ func (o logObserver) Observe(ctx context.Context, e Event) {
 	}
 	if e.Owned > 0 {
 		attrs = append(attrs, slog.Duration("owned", e.Owned))
+	}
+	if e.Kind == EventReconciled {
+		attrs = append(attrs, slog.String("step", e.Step), slog.String("check", e.Check.String()))
 	}
 	if e.Err != nil {
 		attrs = append(attrs, slog.Any("error", e.Err))

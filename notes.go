@@ -43,6 +43,7 @@ type callNotes struct {
 	ownStart  time.Time
 	owned     time.Duration
 	age       time.Duration // of the record a replay read from Redis; 0 unknown
+	settled   []reconciled  // the checked steps' reconciliations, in order
 }
 
 func (st *callNotes) endWait(now time.Time) {
@@ -108,6 +109,14 @@ func (cl *call) observeRelease(fctx context.Context) {
 	st.outcome = EventReleased
 	if errors.Is(context.Cause(fctx), ErrLeaseLost) {
 		st.outcome = EventLeaseLost
+	}
+}
+
+// observeReconciled notes the reconciliations of the attempt's checked
+// steps, once fn returned (or panicked).
+func (cl *call) observeReconciled(s *steps) {
+	if st := cl.notes; st != nil {
+		st.settled = append(st.settled, s.reconciliations()...)
 	}
 }
 
@@ -207,6 +216,12 @@ func (cl *call) report(ctx context.Context, err error, returned bool) {
 		t := e
 		t.Kind, t.Duration, t.Wait, t.Owned, t.Err = EventTookOver, st.tookAt, 0, 0, nil
 		c.emit(ctx, t)
+	}
+	for _, r := range st.settled {
+		x := e
+		x.Kind, x.Duration, x.Wait, x.Owned, x.Err = EventReconciled, r.at.Sub(st.start), 0, 0, nil
+		x.Step, x.Check = r.name, r.check
+		c.emit(ctx, x)
 	}
 	c.emit(ctx, e)
 }

@@ -73,6 +73,7 @@ func (cl *call) run(ctx context.Context, o *owning) (res []byte, err error) {
 			// runtime.Goexit (t.FailNow does): stop renewing, give the
 			// claim back, and let either go on.
 			fctx.steps.end()
+			cl.observeReconciled(&fctx.steps)
 			c.renewals.stop(&o.lease)
 			if p != nil {
 				p.close() // a commit left behind gets ErrNoLedger
@@ -93,6 +94,7 @@ func (cl *call) run(ctx context.Context, o *owning) (res []byte, err error) {
 	}
 	returned = true
 	fctx.steps.end()
+	cl.observeReconciled(&fctx.steps)
 	c.renewals.stop(&o.lease)
 	return res, err
 }

@@ -179,12 +179,21 @@ type steps struct {
 
 	p *pending // the call's hold for Commit; nil without a ledger
 
-	mu     sync.Mutex
-	keys   []string            // guarded by mu; the record and its checkpoints, made by the first step
-	names  map[string]struct{} // guarded by mu; the names used in this attempt
-	ended  bool                // guarded by mu; fn returned
-	after  error               // guarded by mu; the steps refused or failed after the commit
-	parked error               // guarded by mu; a checked step parked, or found parked, in this attempt
+	mu      sync.Mutex
+	keys    []string            // guarded by mu; the record and its checkpoints, made by the first step
+	names   map[string]struct{} // guarded by mu; the names used in this attempt
+	ended   bool                // guarded by mu; fn returned
+	after   error               // guarded by mu; the steps refused or failed after the commit
+	parked  error               // guarded by mu; a checked step parked, or found parked, in this attempt
+	settled []reconciled        // guarded by mu; the checked steps' reconciliations, in order
+}
+
+// reconciled is one reconciliation of a checked step: what settled it,
+// and when.
+type reconciled struct {
+	name  string
+	check Check
+	at    time.Time
 }
 
 func (s *steps) init(c *Client, key, recordKey, token string, n int64, p *pending) {
@@ -224,6 +233,24 @@ func (s *steps) notePark(err error) error {
 	}
 	s.mu.Unlock()
 	return err
+}
+
+// noteReconciled notes that a reconciliation of the checked step called
+// name ended with c (CheckUnknown: parked), for the call's events.
+func (s *steps) noteReconciled(name string, c Check) {
+	if !s.c.observed() {
+		return
+	}
+	s.mu.Lock()
+	s.settled = append(s.settled, reconciled{name: name, check: c, at: time.Now()})
+	s.mu.Unlock()
+}
+
+// reconciliations returns the reconciliations noted in this attempt.
+func (s *steps) reconciliations() []reconciled {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.settled
 }
 
 // parkedErr returns the error of the first checked step parked in this

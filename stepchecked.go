@@ -256,6 +256,7 @@ func (r *checked[T]) reconcile(ctx context.Context) (v T, again bool, err error)
 		case cerr != nil:
 			last = "check failed: " + cerr.Error()
 		case c == CheckApplied:
+			r.s.noteReconciled(r.name, CheckApplied)
 			v, err := checkpoint(ctx, r.s, r.rc, r.name, v, stepCheckScript)
 			return v, false, err
 		case c == CheckNotApplied:
@@ -264,6 +265,7 @@ func (r *checked[T]) reconcile(ctx context.Context) (v T, again bool, err error)
 				return zero, false, err
 			}
 			if wait == 0 {
+				r.s.noteReconciled(r.name, CheckNotApplied)
 				return zero, true, nil
 			}
 			last = fmt.Sprintf("not applied, %v before that counts", wait)
@@ -274,6 +276,7 @@ func (r *checked[T]) reconcile(ctx context.Context) (v T, again bool, err error)
 			if err := r.s.park(ctx, r.name); err != nil {
 				return zero, false, err
 			}
+			r.s.noteReconciled(r.name, CheckUnknown)
 			return zero, false, r.s.notePark(&parkedError{key: r.s.key, name: r.name,
 				why: fmt.Sprintf("%d checks over %v did not settle it (last: %s)", tries, r.cfg.reconcile, last)})
 		}

@@ -87,7 +87,8 @@ func TestStepCheckedParkedWhateverFnReturns(t *testing.T) {
 }
 
 // An attempt that ends with a parked step is an EventParked outcome (fn
-// ran, nothing stored), logged at Error by LogObserver.
+// ran, nothing stored), after the step's EventReconciled, logged at Error
+// by LogObserver.
 func TestStepCheckedParkedEvent(t *testing.T) {
 	t.Parallel()
 	mr := miniredis.RunT(t)
@@ -107,8 +108,8 @@ func TestStepCheckedParkedEvent(t *testing.T) {
 	for _, e := range r.take() {
 		kinds = append(kinds, e.Kind)
 	}
-	if len(kinds) != 1 || kinds[0] != idem.EventParked || !kinds[0].Outcome() || !kinds[0].Ran() || kinds[0].String() != "parked" {
-		t.Fatalf("events %v, want one parked outcome that ran fn", kinds)
+	if len(kinds) != 2 || kinds[0] != idem.EventReconciled || kinds[1] != idem.EventParked || !kinds[1].Outcome() || !kinds[1].Ran() || kinds[1].String() != "parked" {
+		t.Fatalf("events %v, want the reconciliation, then one parked outcome that ran fn", kinds)
 	}
 	if !strings.Contains(buf.String(), "level=ERROR") || !strings.Contains(buf.String(), "parked") {
 		t.Errorf("LogObserver: %q, want the parked outcome at Error", buf.String())

@@ -28,6 +28,9 @@
 //	                                how late retries come (see below)
 //	idem.late_retries    counter    calls refused as late retries (idem.ErrLateRetry):
 //	                                the outcome's retention had ended, its tombstone was left
+//	idem.reconciliations counter    reconciliations of checked steps (idem.StepChecked), by
+//	                                idem.check (applied, not_applied, unknown: parked)
+//	idem.parked          counter    calls that parked their operation (idem.ErrUnknownOutcome)
 //
 // An outcome that the ledger decided (idem.WithLedger), not Redis, is
 // counted as ledger_replayed, not replayed: a takeover found the dead
@@ -40,8 +43,9 @@
 // Traces: a span "idem.Do" per call, started before the claim, so that
 // what fn does nests under it, and ended with the attributes idem.outcome,
 // idem.attempt and idem.key.digest (the keyed digest of idem.Event.Key,
-// never the key itself), with events for a wait (idem.waited) and a
-// takeover (idem.took_over). A call whose Do returned an error has the
+// never the key itself), with events for a wait (idem.waited), a
+// takeover (idem.took_over) and a reconciliation (idem.reconciled, with
+// idem.step and idem.check). A call whose Do returned an error has the
 // status Error, described by its outcome only: idem's error messages quote
 // keys.
 //
@@ -95,7 +99,21 @@ const (
 	// AttrReplayAge is, for a replay, the age of its outcome in seconds,
 	// idem.Event.Age (spans only; absent when unknown).
 	AttrReplayAge = attribute.Key("idem.replay.age")
+	// AttrCheck is how a checked step's reconciliation ended (see
+	// idem.EventReconciled): "applied", "not_applied" or "unknown" (the
+	// step was parked).
+	AttrCheck = attribute.Key("idem.check")
+	// AttrStep is a checked step's name, idem.Event.Step (span events
+	// only).
+	AttrStep = attribute.Key("idem.step")
 )
+
+// checkLabels are the values of AttrCheck, by idem.Check.
+var checkLabels = map[idem.Check]string{
+	idem.CheckApplied:    "applied",
+	idem.CheckNotApplied: "not_applied",
+	idem.CheckUnknown:    "unknown",
+}
 
 // Observer records the events of idem Clients as metrics and spans. It is
 // safe for concurrent use; one Observer may serve many Clients.
@@ -109,6 +127,10 @@ type Observer struct {
 	leaseLosses metric.Int64Counter
 	age         metric.Float64Histogram
 	lateRetries metric.Int64Counter
+	reconciled  metric.Int64Counter
+	parked      metric.Int64Counter
+	// byCheck holds the metric option of each reconciliation result.
+	byCheck map[idem.Check]metric.MeasurementOption
 	// byOutcome holds the metric option of each outcome's attribute,
 	// made once: an event then costs no allocation of its own for it.
 	byOutcome map[idem.EventKind]metric.MeasurementOption
@@ -181,7 +203,8 @@ func New(opts ...Option) (*Observer, error) {
 		return nil, fmt.Errorf("otelidem: %s", strings.Join(cfg.problems, "; "))
 	}
 	m := cfg.mp.Meter(ScopeName)
-	o := &Observer{tracer: cfg.tp.Tracer(ScopeName), byOutcome: map[idem.EventKind]metric.MeasurementOption{}}
+	o := &Observer{tracer: cfg.tp.Tracer(ScopeName), byOutcome: map[idem.EventKind]metric.MeasurementOption{},
+		byCheck: map[idem.Check]metric.MeasurementOption{}}
 	var err error
 	newHist := func(name, desc string) metric.Float64Histogram {
 		var h metric.Float64Histogram
@@ -206,6 +229,10 @@ func New(opts ...Option) (*Observer, error) {
 	o.owned = newHist("idem.owned.duration", "Time calls owned their key: fn's run time plus recording its outcome.")
 	o.lateRetries = newCounter("idem.late_retries", "{call}",
 		"Calls refused as late retries (ErrLateRetry): the outcome's retention had ended and its tombstone was left; fn did not run.")
+	o.reconciled = newCounter("idem.reconciliations", "{reconciliation}",
+		"Reconciliations of checked steps (StepChecked), by how they ended: applied, not_applied (act ran again), unknown (parked).")
+	o.parked = newCounter("idem.parked", "{call}",
+		"Calls that ended with a checked step parked (ErrUnknownOutcome): the operation waits for an operator's Resolve.")
 	if err == nil {
 		o.age, err = m.Float64Histogram("idem.replay.age", metric.WithUnit("s"),
 			metric.WithDescription("Time from the recording of an outcome to a replay of it: compare with the retention."),
@@ -229,6 +256,11 @@ func New(opts ...Option) (*Observer, error) {
 	o.takeovers.Add(ctx, 0)
 	o.leaseLosses.Add(ctx, 0)
 	o.lateRetries.Add(ctx, 0)
+	o.parked.Add(ctx, 0)
+	for c, l := range checkLabels {
+		o.byCheck[c] = metric.WithAttributeSet(attribute.NewSet(AttrCheck.String(l)))
+		o.reconciled.Add(ctx, 0, o.byCheck[c])
+	}
 	return o, nil
 }
 
@@ -257,6 +289,17 @@ func (o *Observer) Observe(ctx context.Context, e idem.Event) {
 			span.AddEvent("idem.took_over", trace.WithAttributes(AttrAttempt.Int64(e.Attempt)))
 		}
 		return
+	case e.Kind == idem.EventReconciled:
+		by, ok := o.byCheck[e.Check]
+		if !ok {
+			by = metric.WithAttributes(AttrCheck.String(e.Check.String()))
+		}
+		o.reconciled.Add(ctx, 1, by)
+		if span != nil {
+			span.AddEvent("idem.reconciled", trace.WithAttributes(
+				AttrStep.String(e.Step), AttrCheck.String(checkLabels[e.Check])))
+		}
+		return
 	case !e.Kind.Outcome():
 		return
 	}
@@ -274,6 +317,8 @@ func (o *Observer) Observe(ctx context.Context, e idem.Event) {
 		o.leaseLosses.Add(ctx, 1)
 	case e.Kind == idem.EventLateRetry:
 		o.lateRetries.Add(ctx, 1)
+	case e.Kind == idem.EventParked:
+		o.parked.Add(ctx, 1)
 	case (e.Kind == idem.EventReplayed || e.Kind == idem.EventLedgerReplayed) && e.Age > 0:
 		o.age.Record(ctx, e.Age.Seconds())
 	}

@@ -64,7 +64,10 @@ func collect(t *testing.T, reader *sdkmetric.ManualReader) (sums map[string]int6
 			switch d := m.Data.(type) {
 			case metricdata.Sum[int64]:
 				for _, p := range d.DataPoints {
-					o, _ := p.Attributes.Value(otelidem.AttrOutcome)
+					o, ok := p.Attributes.Value(otelidem.AttrOutcome)
+					if !ok {
+						o, _ = p.Attributes.Value(otelidem.AttrCheck)
+					}
 					sums[m.Name+"/"+o.AsString()] += p.Value
 				}
 			case metricdata.Histogram[float64]:
@@ -123,7 +126,8 @@ func TestMetricsAndSpans(t *testing.T) {
 
 	sums, hists := collect(t, reader)
 	// Every counter's series exists, at zero where nothing happened.
-	wantSums := map[string]int64{"idem.takeovers/": 1, "idem.lease_losses/": 0, "idem.late_retries/": 0}
+	wantSums := map[string]int64{"idem.takeovers/": 1, "idem.lease_losses/": 0, "idem.late_retries/": 0, "idem.parked/": 0,
+		"idem.reconciliations/applied": 0, "idem.reconciliations/not_applied": 0, "idem.reconciliations/unknown": 0}
 	for k := idem.EventKind(1); k.Outcome() || k == idem.EventWaited || k == idem.EventTookOver; k++ {
 		if k.Outcome() {
 			wantSums["idem.calls/"+k.String()] = 0
@@ -240,6 +244,21 @@ func TestEveryKind(t *testing.T) {
 	if n != 14 {
 		t.Errorf("%d kinds", n)
 	}
+	if sums["idem.parked/"] != 1 {
+		t.Errorf("parked %d, want 1 (all: %v)", sums["idem.parked/"], sums)
+	}
+	for _, c := range []idem.Check{idem.CheckApplied, idem.CheckNotApplied, idem.CheckUnknown, idem.CheckNotApplied} {
+		obs.Observe(ctx, idem.Event{Kind: idem.EventReconciled, Step: "charge", Check: c, Attempt: 2, Duration: time.Second})
+	}
+	sums, _ = collect(t, reader)
+	for k, v := range map[string]int64{"applied": 1, "not_applied": 2, "unknown": 1} {
+		if got := sums["idem.reconciliations/"+k]; got != v {
+			t.Errorf("reconciliations %s: %d, want %d (all: %v)", k, got, v, sums)
+		}
+	}
+	if sums["idem.calls/"+idem.EventReconciled.String()] != 0 || sums["idem.parked/"] != 1 {
+		t.Errorf("a reconciliation counted as a call or a parked operation: %v", sums)
+	}
 }
 
 func fmtList(s []string) string {
@@ -251,4 +270,49 @@ func fmtList(s []string) string {
 		out += v
 	}
 	return out
+}
+
+// A checked step's reconciliations are counted by result, and an
+// operation it parks among the parked ones, with a span event naming the
+// step.
+func TestReconciledAndParked(t *testing.T) {
+	c, _, reader, spans := setup(t)
+	ctx := context.Background()
+	lost := func(context.Context) (string, error) { return "", idem.Ambiguous(errors.New("read timeout")) }
+	applied := func(context.Context) (string, idem.Check, error) { return "ch_1", idem.CheckApplied, nil }
+	silent := func(context.Context) (string, idem.Check, error) { return "", idem.CheckUnknown, nil }
+	step := func(check func(context.Context) (string, idem.Check, error)) func(context.Context) ([]byte, error) {
+		return func(ctx context.Context) ([]byte, error) {
+			v, err := idem.StepChecked(ctx, "charge", lost, check,
+				idem.SettleAfter(50*time.Millisecond), idem.ReconcileFor(200*time.Millisecond))
+			return []byte(v), err
+		}
+	}
+	if _, err := c.Do(ctx, "order-1", "", step(applied)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Do(ctx, "order-2", "", step(silent)); !errors.Is(err, idem.ErrUnknownOutcome) {
+		t.Fatalf("Do: %v, want ErrUnknownOutcome", err)
+	}
+	sums, _ := collect(t, reader)
+	for k, v := range map[string]int64{"idem.reconciliations/applied": 1, "idem.reconciliations/not_applied": 0,
+		"idem.reconciliations/unknown": 1, "idem.parked/": 1, "idem.calls/parked": 1, "idem.calls/executed": 1} {
+		if sums[k] != v {
+			t.Errorf("%s = %d, want %d (all: %v)", k, sums[k], v, sums)
+		}
+	}
+	ended := spans.Ended()
+	if len(ended) != 2 {
+		t.Fatalf("%d spans, want 2", len(ended))
+	}
+	for i, want := range []string{"applied", "unknown"} {
+		ev := ended[i].Events()
+		if len(ev) != 1 || ev[0].Name != "idem.reconciled" {
+			t.Fatalf("span %d events %v, want one idem.reconciled", i, ev)
+		}
+		a := attrs(ev[0].Attributes)
+		if a[otelidem.AttrStep].AsString() != "charge" || a[otelidem.AttrCheck].AsString() != want {
+			t.Errorf("span %d: reconciled event %v, want step charge, check %s", i, ev[0].Attributes, want)
+		}
+	}
 }

@@ -57,9 +57,10 @@ const usageText = `Usage: idemctl COMMAND [KEY] [flags]
 idemctl shows an operator what idem (github.com/idem-go/idem) keeps in
 Redis, and mends it: the state of one key's record (its attempt, when its
 lease ends, when it expires), an overview of every record under the
-prefix (how many are done, failed, in progress, released; how many were
-retried; their sizes and TTLs; the biggest), whether Redis is set up to
-keep idem's promises, and, as a last resort, deleting one key's record.
+prefix (how many are done, failed, in progress, released, parked; how
+many were retried; their sizes and TTLs; the biggest), whether Redis is
+set up to keep idem's promises, and, as a last resort, deleting one key's
+record.
 
 Commands:
   status KEY   the state of KEY's record; an in-progress record whose lease

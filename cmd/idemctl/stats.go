@@ -38,10 +38,15 @@ const (
 	stInProgress = "in progress" // lease live: an owner runs the operation
 	stLeaseEnded = "lease ended" // in progress, lease over: the owner is gone; the next call takes over
 	stReleased   = "released"    // the last attempt failed transiently
+	stParked     = "parked"      // unfinished, a checked step parked: it waits for idemctl resolve
 	stUnreadable = "unreadable"  // not a record this version reads
 )
 
-var stateOrder = []string{stDone, stFailed, stInProgress, stLeaseEnded, stReleased, stUnreadable}
+var stateOrder = []string{stDone, stFailed, stInProgress, stLeaseEnded, stReleased, stParked, stUnreadable}
+
+// stepParked starts the value of a parked checked step in a record's
+// steps hash (<record>:steps; see idem's stepchecked.go).
+const stepParked = 'u'
 
 // parseRecord reads the head of a record (lua/record.lua):
 // "1" st len(fp) fp len(own) own n ":" tail, where the tail of "p" and "r"
@@ -400,6 +405,7 @@ func readBatch(ctx context.Context, node *redis.Client, keys []string, t *tally,
 	if _, err := pipe.Exec(ctx); err != nil && !isPerKey(err) {
 		return err
 	}
+	recs := make([]record, 0, len(keys))
 	for i, k := range keys {
 		c := cs[i]
 		pttl := c.pttl.Val()
@@ -423,7 +429,45 @@ func readBatch(ctx context.Context, node *redis.Client, keys []string, t *tally,
 				t.samples = append(t.samples, u)
 			}
 		}
+		recs = append(recs, r)
+	}
+	if err := markParked(ctx, node, recs); err != nil {
+		return err
+	}
+	for _, r := range recs {
 		t.add(r)
+	}
+	return nil
+}
+
+// markParked reads the steps of the unfinished records among recs (in
+// progress, lease ended, released), in one pipeline, and counts those
+// with a parked checked step as parked: they run again only once an
+// operator resolves the step (idemctl resolve), as Status says.
+func markParked(ctx context.Context, node *redis.Client, recs []record) error {
+	pipe := node.Pipeline()
+	vals := make([]*redis.StringSliceCmd, len(recs))
+	for i, r := range recs {
+		if r.state == stInProgress || r.state == stLeaseEnded || r.state == stReleased {
+			vals[i] = pipe.HVals(ctx, r.key+":steps")
+		}
+	}
+	if pipe.Len() == 0 {
+		return nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !isPerKey(err) {
+		return err
+	}
+	for i, v := range vals {
+		if v == nil {
+			continue
+		}
+		for _, s := range v.Val() {
+			if len(s) > 0 && s[0] == stepParked {
+				recs[i].state = stParked
+				break
+			}
+		}
 	}
 	return nil
 }
@@ -493,7 +537,7 @@ func printStats(out *printer, o options, t *tally) {
 	out.printf("\nby state:\n")
 	for _, s := range stateOrder {
 		n := t.ByState[s]
-		if n == 0 && (s == stLeaseEnded || s == stUnreadable) {
+		if n == 0 && (s == stLeaseEnded || s == stParked || s == stUnreadable) {
 			continue
 		}
 		note := ""
@@ -504,6 +548,8 @@ func printStats(out *printer, o options, t *tally) {
 			note = "  (in progress, but the owner is gone: the next call takes over)"
 		case stReleased:
 			note = "  (the last attempt failed; the next call runs again)"
+		case stParked:
+			note = "  (a checked step's outcome is unknown: it runs again once idemctl resolve settles it)"
 		case stUnreadable:
 			note = "  (not a record idem reads: ErrCorrupt for its key)"
 		}

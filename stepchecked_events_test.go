@@ -18,6 +18,7 @@ import (
 // settle time, unknown: parked), before the call's outcome; LogObserver
 // logs it at Warn with the step and the check.
 func TestStepCheckedReconciledEvents(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		answers []idem.Check // check's answers, in turn; the last repeats

@@ -2,6 +2,7 @@ package idemsql_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -16,13 +17,7 @@ import (
 // durable defaults. It reports bare/with, the share of the bare
 // transaction's throughput kept (1 = as fast). Never asserted.
 func BenchmarkPublish(b *testing.B) {
-	be := durablePostgres()
-	db, _ := be.Open(b)
-	l := idemsql.New(db, idemsql.Postgres)
-	ctx := idemsql.NewContext(context.Background(), l)
-	if err := l.Migrate(ctx); err != nil {
-		b.Fatal(err)
-	}
+	db, _, ctx := outboxBench(b)
 	if _, err := db.Exec("CREATE TABLE bench_orders (id bigint NOT NULL, total bigint NOT NULL)"); err != nil {
 		b.Fatal(err)
 	}
@@ -63,13 +58,7 @@ func BenchmarkPublish(b *testing.B) {
 // before the timer starts. It reports events/s over all ops. Never
 // asserted.
 func BenchmarkRelay(b *testing.B) {
-	be := durablePostgres()
-	db, _ := be.Open(b)
-	l := idemsql.New(db, idemsql.Postgres)
-	ctx := idemsql.NewContext(context.Background(), l)
-	if err := l.Migrate(ctx); err != nil {
-		b.Fatal(err)
-	}
+	db, l, ctx := outboxBench(b)
 	rdb := dbtest.StartRedis(b).Client(b)
 	for _, batch := range []int{1, 100, 1000} {
 		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
@@ -106,4 +95,16 @@ func BenchmarkRelay(b *testing.B) {
 			b.ReportMetric(float64(n*b.N)/relaying.Seconds(), "events/s")
 		})
 	}
+}
+
+// outboxBench opens a migrated ledger on PostgreSQL with its durable
+// defaults, for the outbox's benchmarks, and a context that carries it.
+func outboxBench(b *testing.B) (*sql.DB, *idemsql.Ledger, context.Context) {
+	db, _ := durablePostgres().Open(b)
+	l := idemsql.New(db, idemsql.Postgres)
+	ctx := idemsql.NewContext(context.Background(), l)
+	if err := l.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return db, l, ctx
 }

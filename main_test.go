@@ -2,9 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"flag"
-	"runtime"
-	"strconv"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -22,15 +19,7 @@ func TestMain(m *testing.M) {
 	redis.SetLogger(quietLogger{})
 	// The scripts are embedded here, out of idemtest's reach.
 	idemtest.ScriptSource = idem.ScriptSource
-	// Most tests wait on servers and timers rather than use the CPU, so
-	// more of them run at once than there are processors, unless
-	// -parallel says otherwise.
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0)))
-	}
+	idemtest.SetParallel(4)
 	goleak.VerifyTestMain(m)
 }
 

@@ -25,6 +25,7 @@ import (
 // dead-lettered with a reason that says why, without running the handler,
 // and acknowledged; the entries around them are handled.
 func TestBadEntries(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	ctx := context.Background()
@@ -101,6 +102,7 @@ func TestBadEntries(t *testing.T) {
 // once; a stream replaced by another type while Run reads makes Run
 // return it too.
 func TestNotAStream(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	ctx := context.Background()
@@ -130,6 +132,7 @@ func TestNotAStream(t *testing.T) {
 // stream's first entry, and the entries handled before replay their
 // outcomes without running the handler again.
 func TestGroupDeleted(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	ctx := context.Background()
@@ -173,6 +176,7 @@ func TestGroupDeleted(t *testing.T) {
 // Run while running is refused; invalid options panic in New, naming the
 // option (nil clients and empty names: TestNewRefusesNilClients).
 func TestBadArguments(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	h := func(context.Context, redis.XMessage) error { return nil }
 	addr := startRedis(t)
@@ -224,6 +228,7 @@ func TestBadArguments(t *testing.T) {
 // naming each, as httpidem.New and grpcidem.UnaryServerInterceptor panic
 // on a nil Client: at construction, in every door, not at the first Run.
 func TestNewRefusesNilClients(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	keys := idem.New(redis.NewClient(&redis.Options{Addr: mr.Addr()}), idem.WithLogger(nil))
 	t.Cleanup(func() { _ = keys.Close() })
@@ -262,6 +267,7 @@ func TestNewRefusesNilClients(t *testing.T) {
 // grpcidem fit their limits to the Client's (door.FitKeyLen), instead of
 // dead-lettering every entry as an invalid key.
 func TestScopeFitsTheClientsKeyLimit(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	keys := idem.New(redis.NewClient(&redis.Options{Addr: mr.Addr()}), idem.WithLogger(nil), idem.WithMaxKeyLen(16))
 	t.Cleanup(func() { _ = keys.Close() })
@@ -281,6 +287,7 @@ func TestScopeFitsTheClientsKeyLimit(t *testing.T) {
 // A dead-lettered conflict is logged with its key's digest, never the key
 // (keys may be personal data), as the Client logs keys.
 func TestDeadLetterLogNamesTheKeyByDigest(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	ctx := context.Background()

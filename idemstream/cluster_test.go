@@ -13,6 +13,7 @@ import (
 // dead-letter stream and idem's records in slots of their own, two
 // consumers apply every event once, producer duplicates included.
 func TestCluster(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3, 0)
 	rdb := cl.Client(t)
 	var events []int

@@ -26,6 +26,7 @@ import (
 // says: the POST, of other parameters, is refused as a reuse of the key,
 // and its handler does not run.
 func TestKeysShareHTTPScheme(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	keys := newIdem(t, addr)
@@ -65,7 +66,8 @@ func TestKeysShareHTTPScheme(t *testing.T) {
 
 // TestDefaultLoggerIsReadAtLogTime: without WithLogger, the Consumer logs
 // to slog.Default() as it is when it logs, as the Client, httpidem and
-// grpcidem do (door.Logger), not as it was at New.
+// grpcidem do (door.Logger), not as it was at New. Not parallel: it sets
+// slog's default, which other tests' Consumers would log to.
 func TestDefaultLoggerIsReadAtLogTime(t *testing.T) {
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
@@ -105,6 +107,7 @@ func TestDefaultLoggerIsReadAtLogTime(t *testing.T) {
 // relay killed between XADD and its delete) is handled once, while
 // entries without the field are keyed by their IDs.
 func TestDefaultKeyIsTheEventID(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	keys := newIdem(t, addr)

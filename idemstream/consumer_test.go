@@ -30,6 +30,7 @@ import (
 // consumers of 4 workers each apply every event exactly once and leave
 // nothing pending.
 func TestEveryEventOnce(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	const events = 3000
@@ -82,6 +83,7 @@ func TestEveryEventOnce(t *testing.T) {
 // is acknowledged, not dead-lettered, and a second entry of the same event
 // replays the failure without running the handler.
 func TestPermanentFailure(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	var runs atomic.Int64
@@ -120,6 +122,7 @@ func TestPermanentFailure(t *testing.T) {
 // one that fails twice and then succeeds is acknowledged, not
 // dead-lettered.
 func TestTransientFailures(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	errDown := errors.New("downstream unavailable")
@@ -197,6 +200,7 @@ func TestTransientFailures(t *testing.T) {
 // handler for those not handled, acknowledges the handled one with its
 // replayed outcome, and takes none over before its time.
 func TestDeadConsumerTakenOver(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	ctx := context.Background()
@@ -254,6 +258,7 @@ func TestDeadConsumerTakenOver(t *testing.T) {
 // dead-lettered without running its handler, unless its outcome is
 // stored: then it is acknowledged.
 func TestOverDelivered(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	ctx := context.Background()
@@ -297,6 +302,7 @@ func TestOverDelivered(t *testing.T) {
 // back at once. With a short drain timeout, the handler's context is
 // cancelled, and its entry stays pending too.
 func TestStopping(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	keys := newIdem(t, addr)
@@ -364,6 +370,7 @@ func TestStopping(t *testing.T) {
 // entry, and the entry waiting behind it: another consumer takes neither
 // over, and Redis counts one delivery each.
 func TestHeartbeat(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	const idle = 400 * time.Millisecond
@@ -419,6 +426,7 @@ func TestHeartbeat(t *testing.T) {
 // handler runs, which is not a delivery, so with WithMaxDeliveries(1)
 // nothing is dead-lettered; the entries are handled once it is back.
 func TestRedisRestarts(t *testing.T) {
+	t.Parallel()
 	streams := redistest.Start(t, redistest.Config{AppendOnly: true})
 	records := redistest.Start(t, redistest.Config{AppendOnly: true})
 	rdb := newClient(t, streams.Addr())

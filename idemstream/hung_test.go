@@ -49,6 +49,7 @@ func hungHandler(t *testing.T, hang ...string) (idemstream.Handler, chan string)
 // (and a grace) the worker abandons it, the entry stays pending, and the
 // worker goes on with the next entries.
 func TestHandlerTimeout(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	keys := newIdem(t, addr)
@@ -79,6 +80,7 @@ func TestHandlerTimeout(t *testing.T) {
 // Run returns within its drain timeout whatever a handler does: the
 // entry that a hung handler holds stays pending, for redelivery.
 func TestRunReturnsAfterDrainTimeout(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	keys := newIdem(t, addr, idem.WithWait(0))

@@ -29,6 +29,7 @@ func pendingOf(t *testing.T, rdb *redis.Client, stream, group string) []redis.XP
 // once the dead-letter stream can be written, it is dead-lettered and
 // acknowledged. Nothing is lost.
 func TestDeadLetterWriteFailsKeepsTheEntry(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	ctx := context.Background()
@@ -64,6 +65,7 @@ func TestDeadLetterWriteFailsKeepsTheEntry(t *testing.T) {
 // its handler failed is not this consumer's any more: the redelivery
 // finds it gone, and the handler does not run again.
 func TestRedeliveryOfAnEntryNoLongerPending(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	produce(t, rdb, "orders", []int{1})
@@ -89,6 +91,7 @@ func TestRedeliveryOfAnEntryNoLongerPending(t *testing.T) {
 // its heartbeat comes well within the claim-idle time, so another
 // consumer's XAUTOCLAIM does not take it while the handler runs.
 func TestHeartbeatKeepsTheEntry(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	produce(t, rdb, "orders", []int{1})

@@ -125,6 +125,7 @@ func runChild(t *testing.T, addr, name string, after int) string {
 // examples/events): each application is by an attempt of its own, and
 // there are no more such events than the kills could cut short.
 func TestConsumersKilled(t *testing.T) {
+	t.Parallel()
 	addr := startRedis(t)
 	rdb := newClient(t, addr)
 	const kills, perKill = 8, 150 // events produced before each kill

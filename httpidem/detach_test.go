@@ -38,6 +38,7 @@ func (b *slowBank) handler() http.Handler {
 // 50 ms. The handler goes on after the client left, its response is
 // stored, and a retry gets it: one debit, one charge.
 func TestHandlerOutlivesTheClient(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, be *backend) {
 		var bk slowBank
 		srv := serve(t, httpidem.New(be.Idem(t), httpidem.WithLogger(nil))(bk.handler()))
@@ -75,6 +76,7 @@ func TestHandlerOutlivesTheClient(t *testing.T) {
 // as for any streamed response. WithHandlerTimeout bounds a handler that
 // waits for its context.
 func TestDetachedHandlerBounds(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, be *backend) {
 		writes := make(chan error, 1)
 		timedOut := make(chan error, 1)
@@ -132,6 +134,7 @@ func TestDetachedHandlerBounds(t *testing.T) {
 
 // WithHandlerTimeout must be positive.
 func TestHandlerTimeoutInvalid(t *testing.T) {
+	t.Parallel()
 	c := (&backend{Addr: "127.0.0.1:1"}).Idem(t)
 	for _, d := range []time.Duration{0, -time.Second} {
 		func() {

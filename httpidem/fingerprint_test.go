@@ -22,6 +22,7 @@ func fingerprint(t *testing.T, method, target, ctype, body string) string {
 }
 
 func TestDefaultFingerprint(t *testing.T) {
+	t.Parallel()
 	type rq struct{ method, target, ctype, body string }
 	base := rq{"POST", "/debits?a=1&b=2", "application/json", `{"account":"A","amount":100}`}
 	same := []rq{
@@ -69,6 +70,7 @@ func TestDefaultFingerprint(t *testing.T) {
 // Golden values: fingerprints are stored in Redis and must not change from
 // one release to the next. A change here is a breaking change.
 func TestDefaultFingerprintGolden(t *testing.T) {
+	t.Parallel()
 	// Computed apart from this code: the first 16 bytes of SHA-256 over the
 	// fields (each after its length as a uvarint) "httpidem/v1", method,
 	// path, sorted query, media type, then "json" and idem.FingerprintJSON of
@@ -100,6 +102,7 @@ func TestDefaultFingerprintGolden(t *testing.T) {
 // requests, though RFC 8785 reads them as one double; spellings of one
 // value (1, 1.0, 1e0, 10E-1) are one request.
 func TestDefaultFingerprintExactNumbers(t *testing.T) {
+	t.Parallel()
 	fp := func(body string) string { return fingerprint(t, "POST", "/", "application/json", body) }
 	for _, pair := range [][2]string{
 		{`{"amount":9007199254740993}`, `{"amount":9007199254740992}`},
@@ -129,6 +132,7 @@ func TestDefaultFingerprintExactNumbers(t *testing.T) {
 // JSON nested deeper than 10,000 levels is refused with 400 (its
 // canonical form is not computed, and it is not fingerprinted as bytes).
 func TestDefaultFingerprintTooDeep(t *testing.T) {
+	t.Parallel()
 	for depth, ok := range map[int]bool{10000: true, 10001: false} {
 		body := strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth)
 		r := httptest.NewRequest("POST", "/", strings.NewReader(body))

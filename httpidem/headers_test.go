@@ -15,6 +15,7 @@ import (
 // they are stored (only that principal gets the replay). New without
 // WithScope logs once that keys are global.
 func TestPerUserHeadersWithoutScope(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		keys := b.Idem(t)
 		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -23,6 +23,7 @@ import (
 // long), in memory linear in their size, and the handler runs; one nested
 // deeper gets 400, and a 1 MB key 400, before anything is claimed.
 func TestHostileRequests(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("-short: hostile bodies take a few seconds under -race")
 	}

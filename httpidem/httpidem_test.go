@@ -26,6 +26,7 @@ import (
 // (The handler sets Set-Cookie, which without WithScope is stored only
 // when WithKeepHeaders names it: TestPerUserHeadersWithoutScope.)
 func TestReplayByteForByte(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithKeepHeaders("Set-Cookie"))(c.debit()))
@@ -94,6 +95,7 @@ func TestReplayByteForByte(t *testing.T) {
 // instances (each with its own idem.Client) that share the Redis: the
 // handler runs once and every client gets its one response.
 func TestConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		const n = 30
 		var c counter
@@ -160,6 +162,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 // closes the connection instead of answering): the client's retry gets the
 // stored response, and the handler ran once.
 func TestLostResponse(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		var lose atomic.Bool
@@ -228,6 +231,7 @@ func wantProblem(t *testing.T, a answer, status int, typ string) {
 // The key reused with another request gets 422, both while the first runs
 // and after it is done, and the handler does not run for it.
 func TestKeyReused(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		release := make(chan struct{})
@@ -269,6 +273,7 @@ func TestKeyReused(t *testing.T) {
 // JSON bodies are compared canonically: member order and whitespace do not
 // make a conflict; other media types are compared as bytes.
 func TestJSONKeyOrder(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		srv := serve(t, httpidem.New(b.Idem(t))(c.debit()))
@@ -295,6 +300,7 @@ func TestJSONKeyOrder(t *testing.T) {
 // While the first request runs, a duplicate that waited the Client's
 // WithWait gets 409 with Retry-After; once it is done, the response.
 func TestInProgress(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		release := make(chan struct{})
@@ -337,6 +343,7 @@ func TestInProgress(t *testing.T) {
 }
 
 func TestBadKeys(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		keys := b.Idem(t)
@@ -395,6 +402,7 @@ func TestBadKeys(t *testing.T) {
 
 // Methods other than WithMethods' pass through, key or not.
 func TestOtherMethodsPassThrough(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		srv := serve(t, httpidem.New(b.Idem(t))(c.debit()))
@@ -421,6 +429,7 @@ func TestOtherMethodsPassThrough(t *testing.T) {
 }
 
 func TestBodyTooLarge(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithMaxBody(10))(c.debit()))
@@ -449,6 +458,7 @@ func TestBodyTooLarge(t *testing.T) {
 // A 5xx response is sent but not stored: the key is released and the
 // retry runs the handler again, as attempt 2.
 func TestServerErrorNotStored(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		inner := c.debit()
@@ -487,6 +497,7 @@ func TestServerErrorNotStored(t *testing.T) {
 // A handler's panic releases the key and reaches the server (which drops
 // the connection); the retry runs the handler again, as attempt 2.
 func TestPanic(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		inner := c.debit()
@@ -532,6 +543,7 @@ func (e statusErr) StatusCode() int { return e.status }
 
 // One user's key never replays another user's response.
 func TestScope(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		scope := func(r *http.Request) (string, error) {
@@ -574,6 +586,7 @@ func TestScope(t *testing.T) {
 // written (Flush works), and is not stored: the retry gets 500, and the
 // handler does not run again. A large 5xx releases the key.
 func TestLargeResponse(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var runs atomic.Int64
 		chunk := bytes.Repeat([]byte("0123456789"), 100)
@@ -630,6 +643,7 @@ func TestLargeResponse(t *testing.T) {
 
 // Hijack is refused behind the middleware.
 func TestHijackRefused(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var got error
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -649,6 +663,7 @@ func TestHijackRefused(t *testing.T) {
 // Statuses without a body, headers the handler set late, informational
 // responses and outer middleware's headers.
 func TestResponseDetails(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var runs atomic.Int64
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -689,6 +704,7 @@ func TestResponseDetails(t *testing.T) {
 
 // With Redis unreachable, the handler does not run: 503 with Retry-After.
 func TestRedisDown(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -711,6 +727,7 @@ func TestRedisDown(t *testing.T) {
 // A record that is not one idem wrote, or an idem record whose result is
 // not a stored response: 500, and the handler does not run.
 func TestCorruptRecords(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		keys := b.Idem(t)
@@ -737,6 +754,7 @@ func TestCorruptRecords(t *testing.T) {
 // The handler ran, but Redis went away before its response was recorded:
 // 500 ProblemNotRecorded, never the handler's response as if it were safe.
 func TestNotRecorded(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		inner := c.debit()
@@ -769,6 +787,7 @@ func TestNotRecorded(t *testing.T) {
 // A handler behind the middleware reads the attempt from its context, and
 // its context ends when the client goes away.
 func TestAttemptInContext(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		got := make(chan idem.Attempt, 1)
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -785,6 +804,7 @@ func TestAttemptInContext(t *testing.T) {
 
 // The body the fingerprint and the handler see, through a form request.
 func TestFingerprintOption(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		var seen atomic.Value
@@ -815,6 +835,7 @@ func TestFingerprintOption(t *testing.T) {
 // The stored-response path does not depend on the server: ServeHTTP with
 // a recorder works the same, for handlers that test with httptest.
 func TestWithRecorder(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		h := httpidem.New(b.Idem(t))(c.debit())
@@ -838,6 +859,7 @@ func TestWithRecorder(t *testing.T) {
 
 // Invalid options are programming errors.
 func TestNewPanics(t *testing.T) {
+	t.Parallel()
 	mr := &backend{Addr: "127.0.0.1:1"}
 	keys := mr.Idem(t)
 	for name, f := range map[string]func(){
@@ -871,6 +893,7 @@ func TestNewPanics(t *testing.T) {
 
 // WithHeader reads the key from another header.
 func TestWithHeader(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		srv := serve(t, httpidem.New(b.Idem(t), httpidem.WithHeader("x-request-key"))(c.debit()))

@@ -15,6 +15,7 @@ import (
 // and the handler does not run again; the same key with another request
 // gets 422 as before (docs/faults.md row 42).
 func TestLateRetry(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		retention := time.Second

@@ -138,6 +138,7 @@ func sameResponse(t *testing.T, what string, got, want answer) {
 // committed response as a replay; so do 20 concurrent duplicates, from
 // four service instances, before and after another FLUSHALL.
 func TestLedgerDebitExactlyOnce(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		bk := newBank()
 		h := &debitHandler{bank: bk}
@@ -185,6 +186,7 @@ func TestLedgerDebitExactlyOnce(t *testing.T) {
 
 // 20 concurrent duplicates of a fresh key: one debit, one receipt.
 func TestLedgerConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		bk := newBank()
 		h := &debitHandler{bank: bk}
@@ -224,6 +226,7 @@ func TestLedgerConcurrentDuplicates(t *testing.T) {
 // client gets B's response, byte for byte, as a replay, not what A's
 // handler wrote. One debit.
 func TestLedgerTwoLiveOwners(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		bk := newBank()
 		started, proceed := make(chan struct{}), make(chan struct{})
@@ -268,6 +271,7 @@ func TestLedgerTwoLiveOwners(t *testing.T) {
 // Recorded returns the response so far in the stored form: the bytes that
 // the middleware stores in Redis for it without a ledger.
 func TestRecordedIsTheStoredForm(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var got []byte
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -310,6 +314,7 @@ type opaque struct{ http.ResponseWriter }
 // passes through, a wrapper without Unwrap; and it refuses a 5xx and a
 // response too large to store.
 func TestRecordedOutsideTheMiddleware(t *testing.T) {
+	t.Parallel()
 	if _, err := httpidem.Recorded(httptest.NewRecorder()); !errors.Is(err, httpidem.ErrNoMiddleware) {
 		t.Fatalf("a plain writer: %v; want ErrNoMiddleware", err)
 	}
@@ -374,6 +379,7 @@ func TestRecordedOutsideTheMiddleware(t *testing.T) {
 // committed, as every retry will; a commit that meets another request's
 // row (other parameters, after Redis lost the record) answers 422.
 func TestLedgerCommittedResponseStands(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		bk := newBank()
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

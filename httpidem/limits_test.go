@@ -16,6 +16,7 @@ import (
 // on a middleware limit the Client would refuse, and the middleware's
 // defaults follow the Client's.
 func TestLimitsFitTheClient(t *testing.T) {
+	t.Parallel()
 	b := &backend{Addr: miniredis.RunT(t).Addr()}
 	small := b.Idem(t, idem.WithMaxResultSize(1000), idem.WithMaxKeyLen(40))
 	for name, tc := range map[string]struct {
@@ -72,6 +73,7 @@ func TestLimitsFitTheClient(t *testing.T) {
 // challenge in WWW-Authenticate; any error with a WWWAuthenticate method
 // does too.
 func TestUnauthenticatedChallenge(t *testing.T) {
+	t.Parallel()
 	b := &backend{Addr: miniredis.RunT(t).Addr()}
 	scope := func(r *http.Request) (string, error) {
 		switch r.Header.Get("Authorization") {

@@ -16,6 +16,7 @@ import (
 // in its events), never the key itself: a stored response that cannot be
 // read, and Redis unreachable, whose error quotes the key.
 func TestLogsNeverNameTheKey(t *testing.T) {
+	t.Parallel()
 	const key = "secret-order-77"
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var logs syncBuffer
@@ -46,7 +47,8 @@ func TestLogsNeverNameTheKey(t *testing.T) {
 }
 
 // Without WithLogger, the middleware logs to slog.Default(), as the
-// Client does: a Redis outage is visible without configuration.
+// Client does: a Redis outage is visible without configuration. Not
+// parallel: it sets slog's default, which other tests would log to.
 func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 	var logs syncBuffer
 	old := slog.Default()

@@ -30,6 +30,7 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 func TestMain(m *testing.M) {
 	// go-redis logs every failed dial; the tests with Redis down cause some.
 	redis.SetLogger(quietLogger{})
+	idemtest.SetParallel(4)
 	// Every server, connection and idem.Client of a test must be gone when
 	// it ends.
 	goleak.VerifyTestMain(m)

@@ -11,6 +11,7 @@ import (
 // The same key with an amount that differs only beyond 2^53 is another
 // request: 422, not a replay of the first; JSON nested too deep is 400.
 func TestKeyReusedWithLargeNumbers(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		var c counter
 		srv := serve(t, httpidem.New(b.Idem(t))(c.debit()))

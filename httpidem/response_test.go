@@ -11,6 +11,7 @@ import (
 )
 
 func TestEncodeDecode(t *testing.T) {
+	t.Parallel()
 	for _, r := range []response{
 		{status: 201, header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b", ""}, "lower-case": {"kept as set"}}, body: []byte(`{"ok":true}`)},
 		{status: 204, header: http.Header{}, body: []byte{}},
@@ -38,6 +39,7 @@ func TestEncodeDecode(t *testing.T) {
 // The stored form is pinned: records written by one release are read by
 // the next.
 func TestEncodingGolden(t *testing.T) {
+	t.Parallel()
 	r := response{status: 201, header: http.Header{"X-B": {"2"}, "Content-Type": {"text/plain"}, "X-A": {"1", "one"}}, body: []byte("hi")}
 	want := "h\x01\xc9\x01\x04" + "\x0cContent-Type\x0atext/plain" + "\x03X-A\x011" + "\x03X-A\x03one" + "\x03X-B\x012" + "hi"
 	if got := string(r.encode()); got != want {
@@ -46,6 +48,7 @@ func TestEncodingGolden(t *testing.T) {
 }
 
 func TestDecodeRefuses(t *testing.T) {
+	t.Parallel()
 	valid := response{status: 200, header: http.Header{"A": {"b"}}, body: []byte("x")}.encode()
 	for name, b := range map[string][]byte{
 		"empty":              nil,
@@ -86,6 +89,7 @@ func FuzzDecodeResponse(f *testing.F) {
 }
 
 func TestStorable(t *testing.T) {
+	t.Parallel()
 	h := http.Header{
 		"Content-Type": {"a"}, "Connection": {"X-Hop, keep-alive"}, "X-Hop": {"1"}, "Keep-Alive": {"t"},
 		"Transfer-Encoding": {"chunked"}, "Trailer": {"X-Sum"}, "Date": {"d"}, "Content-Length": {"3"},
@@ -105,6 +109,7 @@ func TestStorable(t *testing.T) {
 
 // No two (scope, key) pairs share a stored key.
 func TestScopedKeyIsUnambiguous(t *testing.T) {
+	t.Parallel()
 	seen := map[string][2]string{}
 	parts := []string{"", "a", "b", "ab", "1", "1:", ":", "a:b", "0", "0:", "10:", "2:ab"}
 	for _, scope := range parts {
@@ -119,6 +124,7 @@ func TestScopedKeyIsUnambiguous(t *testing.T) {
 }
 
 func TestParseKey(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   []string
 		want string

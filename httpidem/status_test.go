@@ -17,6 +17,7 @@ import (
 // principal's key is unknown; no key, a bad key, another method are
 // refused; the handler never runs for a check.
 func TestStatusHandler(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		keys := b.Idem(t, idem.WithLogger(nil))
 		var c counter

@@ -15,6 +15,7 @@ import (
 // own and retries under it; inside one, the step's key replaces it. The
 // provider never sees an empty key.
 func TestTransportEmptyKeyIsNoKey(t *testing.T) {
+	t.Parallel()
 	for _, empty := range []string{"", " ", `""`} {
 		p, srv, hc := startProvider(t, nil, status(503))
 		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
@@ -56,6 +57,7 @@ func TestTransportEmptyKeyIsNoKey(t *testing.T) {
 // Inside an idem call every request is sent once, its own Idempotency-Key
 // included: the next attempt of the operation is the retry.
 func TestTransportOwnKeySentOnceInsideDo(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		p, srv, hc := startProvider(t, nil, status(503), status(503), status(503))
 		c := b.Idem(t)

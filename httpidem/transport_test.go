@@ -110,6 +110,7 @@ var keyHeader = regexp.MustCompile(`^"idem-[a-z2-7]+"$`)
 // on every attempt, so a step that acted and failed before its checkpoint
 // is sent again with the key the provider saw.
 func TestTransportStampsStepKey(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		p, srv, hc := startProvider(t, nil)
 		c := b.Idem(t)
@@ -151,6 +152,7 @@ func TestTransportStampsStepKey(t *testing.T) {
 // changes something, inside Do with no step, is refused; a GET goes
 // without a key; a request's own key is kept.
 func TestTransportInsideDo(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, b *backend) {
 		p, srv, hc := startProvider(t, nil)
 		c := b.Idem(t)
@@ -208,6 +210,7 @@ func TestTransportInsideDo(t *testing.T) {
 // Outside an idem call: ambiguous failures (a hang-up, 502, 503, 504) are
 // retried with one key and the same body; the definite answer ends it.
 func TestTransportRetriesWithOneKey(t *testing.T) {
+	t.Parallel()
 	p, srv, hc := startProvider(t, []httpidem.TransportOption{httpidem.WithAttempts(5)},
 		hangUp, status(502), status(503), status(504))
 	resp, body, err := post(t, hc, context.Background(), srv.URL, "charge 100")
@@ -235,6 +238,7 @@ func TestTransportRetriesWithOneKey(t *testing.T) {
 // A definite answer is never retried: 4xx (a 409 without Retry-After
 // too), 500, 2xx.
 func TestTransportDefiniteAnswersNotRetried(t *testing.T) {
+	t.Parallel()
 	for _, code := range []int{400, 401, 404, 409, 422, 429, 500, 201} {
 		t.Run(strconv.Itoa(code), func(t *testing.T) {
 			p, srv, hc := startProvider(t, nil, status(code), status(200))
@@ -253,6 +257,7 @@ func TestTransportDefiniteAnswersNotRetried(t *testing.T) {
 // retried after the time it asks for; one longer than WithMaxRetryAfter is
 // returned as it is.
 func TestTransportHonoursRetryAfter(t *testing.T) {
+	t.Parallel()
 	p, srv, hc := startProvider(t, nil, status(409, "Retry-After", "1"))
 	resp, _, err := post(t, hc, context.Background(), srv.URL, "x")
 	if err != nil || resp.StatusCode != 200 {
@@ -275,6 +280,7 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 
 // A body that cannot be read again (no GetBody) is sent once.
 func TestTransportBodyNotReplayable(t *testing.T) {
+	t.Parallel()
 	p, srv, hc := startProvider(t, nil, status(503), status(200))
 	req, _ := http.NewRequest(http.MethodPost, srv.URL, io.NopCloser(strings.NewReader("once")))
 	resp, err := hc.Do(req)
@@ -293,6 +299,7 @@ func TestTransportBodyNotReplayable(t *testing.T) {
 // Attempts are bounded; a GET is retried too, without a key; the caller's
 // own key is kept on every retry; a context that ends stops the retries.
 func TestTransportBounds(t *testing.T) {
+	t.Parallel()
 	p, srv, hc := startProvider(t, nil, status(503), status(503), status(503), status(503))
 	resp, _, err := post(t, hc, context.Background(), srv.URL, "x")
 	if err != nil || resp.StatusCode != 503 || len(p.requests()) != 3 {
@@ -333,6 +340,7 @@ func TestTransportBounds(t *testing.T) {
 }
 
 func TestTransportOptionsPanic(t *testing.T) {
+	t.Parallel()
 	for name, opt := range map[string]httpidem.TransportOption{
 		"attempts": httpidem.WithAttempts(0),
 		"backoff":  httpidem.WithBackoff(time.Second, time.Millisecond),
@@ -352,6 +360,7 @@ func TestTransportOptionsPanic(t *testing.T) {
 // WithBareKey(true) sends the same keys as bare tokens, on retries and
 // inside a step alike; the default is the draft's quoted string.
 func TestTransportBareKey(t *testing.T) {
+	t.Parallel()
 	bare := regexp.MustCompile(`^idem-[a-z2-7]+$`)
 	p, srv, hc := startProvider(t, []httpidem.TransportOption{httpidem.WithAttempts(2), httpidem.WithBareKey(true)}, status(503))
 	if _, _, err := post(t, hc, context.Background(), srv.URL, "charge 100"); err != nil {

@@ -16,6 +16,7 @@ import (
 // answerError maps every verdict (idem.VerdictOf) to its answer: one row
 // per verdict, and a verdict added to the root without a row fails here.
 func TestAnswerErrorEveryVerdict(t *testing.T) {
+	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	c := idem.New(rdb, idem.WithLogger(nil))
 	t.Cleanup(func() { _ = c.Close(); _ = rdb.Close() })

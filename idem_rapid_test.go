@@ -140,7 +140,11 @@ var rapidOutcomes = []string{"ok", "slow", "transient", "permanent", "panic"}
 // second live owner. The slow instance's calls may end in ErrLeaseLost or
 // ErrNotRecorded (its lease ended for it), never in a wrong outcome.
 func TestRapidStateMachine(t *testing.T) {
-	t.Parallel()
+	// In a process of its own, started at once: it is the longest test,
+	// and would otherwise wait for a parallel slot.
+	if idemtest.RunInChild(t) {
+		return
+	}
 	setRapidChecks(t, rapidChecks)
 	env := &rapidEnv{t: t, srv: redistest.Start(t, redistest.Config{AppendOnly: true})}
 	start := time.Now()

@@ -23,7 +23,11 @@ import (
 // woken by their owner's notification once the channels are subscribed
 // again.
 func TestClusterPubSubKilledWhileWaiting(t *testing.T) {
-	// Not parallel: it checks for leaked goroutines, which parallel tests would start.
+	// In a process of its own: it checks for leaked goroutines, which
+	// parallel tests would start.
+	if idemtest.RunInChild(t) {
+		return
+	}
 	if testing.Short() {
 		t.Skip("cluster of three redis-server processes: skipped in -short")
 	}

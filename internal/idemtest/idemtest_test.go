@@ -147,3 +147,14 @@ func TestChild(t *testing.T) {
 		t.Fatalf("a report after the exit: %q", line)
 	}
 }
+
+// TestRunInChild: the body runs in a child process, never in the parent,
+// and the parent passes as the child did.
+func TestRunInChild(t *testing.T) {
+	if idemtest.RunInChild(t) {
+		return
+	}
+	if os.Getenv("IDEMTEST_IN_CHILD") != t.Name() {
+		t.Fatal("the body ran in the parent process")
+	}
+}

@@ -192,7 +192,10 @@ func TestStepCheckpointNotStored(t *testing.T) {
 	b := idemtest.Redis(t, redistest.Config{})
 	ctx := context.Background()
 	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "step"), Action: faultconn.CloseBefore})
-	c := idemtest.Faulty(t, b, in, idemtest.NoRetry, idem.WithStoreTimeout(300*time.Millisecond))
+	// The store timeout also bounds the release after the step's
+	// failure, which must redial: with 300ms, a loaded machine (load 15)
+	// left the claim in progress.
+	c := idemtest.Faulty(t, b, in, idemtest.NoRetry, idem.WithStoreTimeout(2*time.Second))
 	var runs stepRuns
 	fn := func(ctx context.Context) (string, error) {
 		v, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) {

@@ -156,7 +156,9 @@ func TestTombstoneCluster(t *testing.T) {
 	}
 	cl := redistest.StartCluster(t, 3, 0)
 	cc := cl.Client(t)
-	c := idem.New(cc, idem.WithLease(500*time.Millisecond), idem.WithRetention(time.Second), idem.WithTombstones(time.Hour))
+	// A lease of a second: with 500ms, the first claim of a cold cluster
+	// client came back too late on a loaded machine (load 13).
+	c := idem.New(cc, idem.WithLease(time.Second), idem.WithRetention(2*time.Second), idem.WithTombstones(time.Hour))
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
 	var l idemtest.Runs
@@ -169,7 +171,7 @@ func TestTombstoneCluster(t *testing.T) {
 			t.Fatalf("%q: %v", k, err)
 		}
 	}
-	time.Sleep(1300 * time.Millisecond)
+	time.Sleep(2300 * time.Millisecond)
 	for _, k := range keys {
 		if _, err := c.Do(ctx, k, "fp", l.Fn("r")); !errors.Is(err, idem.ErrLateRetry) {
 			t.Fatalf("%q: %v; want ErrLateRetry", k, err)

@@ -172,7 +172,10 @@ func TestResentClaimWithNoLeaseLeft(t *testing.T) {
 func TestHangingRenewalEndsFnContext(t *testing.T) {
 	t.Parallel()
 	b := idemtest.FaultRedis(t, redistest.Config{})
-	const lease = 600 * time.Millisecond
+	// The lease outlasts a claim's round trip on a loaded machine (600 ms
+	// did not, beside the busy goroutines: the first fn never started),
+	// and the held renewal's reply (4 s) outlasts the lease.
+	const lease = 2 * time.Second
 	// Every renewal runs on the server, and its reply is held.
 	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "renew"), Action: faultconn.DelayReply, Delay: 4 * time.Second})
 	hung := idemtest.Faulty(t, b, in, func(o *redis.Options) { o.ReadTimeout = 10 * time.Second }, idem.WithLease(lease))

@@ -36,9 +36,6 @@ const (
 // commits through the ledger applies each exactly once.
 func TestKilledRelay(t *testing.T) {
 	for _, be := range servertest.Backends() {
-		if be.Name == "mariadb" {
-			continue // PostgreSQL and SQLite cover both claim paths
-		}
 		t.Run(be.Name, func(t *testing.T) {
 			t.Parallel()
 			db, dsn := be.Open(t)

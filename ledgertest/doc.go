@@ -43,6 +43,13 @@
 //     receipt is replayed after FLUSHALL (for a Driver with Reopen and a
 //     Backend that implements Reopener; skipped under -short).
 //
+// A driver of the outbox's entity versions (Advance and AdvanceInOrder, as
+// idemsql and idempgx have them) runs ExerciseAdvance too, with a Versions
+// that applies an entity's event in one transaction: 10 entities × 100
+// versions sent twice and shuffled, each applied once, in order through
+// AdvanceInOrder and forward only through Advance; 8 transactions racing to
+// one version, one applied.
+//
 // Its subpackage dbtest starts the real servers the tests need: Redis and
 // PostgreSQL, each on a free loopback port in a temporary directory, as an
 // unprivileged user where the server refuses root.

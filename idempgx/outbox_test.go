@@ -7,29 +7,28 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempgx"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/ledgertest"
 	"github.com/idem-go/idem/ledgertest/dbtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
 
-// outboxDB is a database with a migrated ledger and a redis-server.
+// outboxDB is a database with a migrated ledger.
 type outboxDB struct {
 	dsn    string
 	pool   *pgxpool.Pool
 	ledger *idempgx.Ledger
 	ctx    context.Context // carries the ledger
-	redis  *dbtest.Redis
 }
 
-func newOutboxDB(t *testing.T) *outboxDB {
+func newOutboxDB(t testing.TB) *outboxDB {
 	t.Helper()
 	dsn := dbtest.SharedPostgres(t).NewDatabase(t)
 	pool, _ := openPool(t, dsn, 0)
@@ -37,7 +36,7 @@ func newOutboxDB(t *testing.T) *outboxDB {
 	if err := l.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return &outboxDB{dsn: dsn, pool: pool, ledger: l, ctx: idempgx.NewContext(context.Background(), l), redis: dbtest.StartRedis(t)}
+	return &outboxDB{dsn: dsn, pool: pool, ledger: l, ctx: idempgx.NewContext(context.Background(), l)}
 }
 
 // publish commits n events to stream, with fields n (first, first+1, ...),
@@ -125,239 +124,55 @@ func countIDs(msgs []redis.XMessage) map[string]int {
 	return seen
 }
 
-// A rolled-back transaction publishes nothing; a committed one publishes
-// its events, with their fields, and the relay deletes their rows.
-func TestPublishRollback(t *testing.T) {
+// The drivers' outbox scenarios, two relays at once among them.
+func TestOutbox(t *testing.T) {
 	t.Parallel()
-	o := newOutboxDB(t)
-	tx, err := o.pool.Begin(o.ctx)
+	ledgertest.ExerciseOutbox(t, ledgertest.OutboxDriver{Name: "idempgx",
+		Open:         func(tb testing.TB) ledgertest.Outbox { return newOutboxDB(tb) },
+		EventIDField: idempgx.EventIDField, SharedRelays: true})
+}
+
+// Publish is ledgertest.Outbox's.
+func (o *outboxDB) Publish(ctx context.Context, stream string, fields []map[string]any, rollback bool) ([]string, error) {
+	ctx = idempgx.NewContext(ctx, o.ledger)
+	tx, err := o.pool.Begin(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	if _, err := idempgx.Publish(o.ctx, tx, "orders", map[string]any{"order": "rolled-back"}); err != nil {
-		t.Fatal(err)
+	defer tx.Rollback(ctx)
+	var ids []string
+	for _, f := range fields {
+		id, err := idempgx.Publish(ctx, tx, stream, f)
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
 	}
-	if err := tx.Rollback(o.ctx); err != nil {
-		t.Fatal(err)
+	if rollback {
+		return ids, tx.Rollback(ctx)
 	}
-	type status string
-	tx, err = o.pool.Begin(o.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := idempgx.Publish(o.ctx, tx, "orders", map[string]any{"order": "o-1", "amount": 1250, "rate": 0.5, "status": status("paid"), "raw": []byte{0, 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(o.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := o.outboxRows(t); n != 1 {
-		t.Fatalf("%d outbox rows, want 1 (the rolled-back one gone)", n)
-	}
-	rdb := o.redis.Client(t)
-	stop := o.relay(t, rdb)
-	waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-	stop()
-	msgs := entries(t, rdb, "orders")
-	if len(msgs) != 1 {
-		t.Fatalf("%d entries, want 1: %v", len(msgs), msgs)
-	}
-	got := fmt.Sprint(msgs[0].Values)
-	want := fmt.Sprint(map[string]any{"order": "o-1", "amount": "1250", "rate": "0.5", "status": "paid", "raw": "\x00\x01", idempgx.EventIDField: id})
-	if got != want {
-		t.Errorf("entry %s, want %s", got, want)
-	}
+	return ids, tx.Commit(ctx)
 }
 
-// 1,000 committed events reach their streams once each, with distinct ids,
-// in the order of their rows.
-func TestRelayThousand(t *testing.T) {
-	t.Parallel()
-	o := newOutboxDB(t)
-	ids := append(o.publish(t, "a", 0, 500, 10), o.publish(t, "b", 500, 500, 25)...)
-	rdb := o.redis.Client(t)
-	o.relay(t, rdb, idempgx.WithRelayBatch(64))
-	waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-	var all []redis.XMessage
-	for _, s := range []string{"a", "b"} {
-		msgs := entries(t, rdb, s)
-		for i := 1; i < len(msgs); i++ {
-			prev, _ := strconv.Atoi(msgs[i-1].Values["n"].(string))
-			n, _ := strconv.Atoi(msgs[i].Values["n"].(string))
-			if n != prev+1 {
-				t.Fatalf("stream %s: entry %d has n=%d after n=%d", s, i, n, prev)
-			}
-		}
-		all = append(all, msgs...)
+// Relay is ledgertest.Outbox's.
+func (o *outboxDB) Relay(ctx context.Context, rdb redis.UniversalClient, batch int, observe func(ledgertest.RelayCounts)) error {
+	opts := []idempgx.RelayOption{idempgx.WithRelayPoll(10 * time.Millisecond), idempgx.WithRelayBackoff(200 * time.Millisecond)}
+	if batch > 0 {
+		opts = append(opts, idempgx.WithRelayBatch(batch))
 	}
-	seen := countIDs(all)
-	if len(all) != 1000 || len(seen) != 1000 {
-		t.Errorf("%d entries, %d distinct ids; want 1000, 1000", len(all), len(seen))
-	}
-	for _, id := range ids {
-		if seen[id] != 1 {
-			t.Errorf("id %s published %d times", id, seen[id])
-		}
-	}
-}
-
-// failing is a go-redis hook that fails every command and pipeline while
-// on is set, and calls after (once) after the first pipeline that
-// succeeded while armed is set.
-type failing struct {
-	on    atomic.Bool
-	armed atomic.Bool
-	after func()
-}
-
-var errRedisDown = errors.New("test: redis is down")
-
-func (f *failing) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (f *failing) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if f.on.Load() {
-			cmd.SetErr(errRedisDown)
-			return errRedisDown
-		}
-		return next(ctx, cmd)
-	}
-}
-func (f *failing) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if f.on.Load() {
-			for _, c := range cmds {
-				c.SetErr(errRedisDown)
-			}
-			return errRedisDown
-		}
-		err := next(ctx, cmds)
-		if err == nil && f.armed.CompareAndSwap(true, false) {
-			f.after()
-		}
-		return err
-	}
-}
-
-var _ redis.Hook = (*failing)(nil)
-
-// Redis down in the middle of the relay's work: batches fail and back off,
-// no row is lost, none is published twice; the observer sees the
-// failures and the lag.
-func TestRelayRedisDown(t *testing.T) {
-	t.Parallel()
-	o := newOutboxDB(t)
-	rdb := o.redis.Client(t)
-	hook := &failing{}
-	rdb.AddHook(hook)
-	var failures, published, lag atomic.Int64
-	ids := o.publish(t, "orders", 0, 200, 20)
-	o.relay(t, rdb, idempgx.WithRelayBatch(50), idempgx.WithRelayObserver(func(s idempgx.RelayStats) {
-		failures.Store(s.Failures)
-		published.Store(s.Published)
-		if s.Failures > 0 {
-			lag.Store(int64(s.Lag))
-		}
-		if s.Published >= 50 && s.Failures == 0 {
-			hook.on.Store(true) // down, after the first batch
-		}
-	}))
-	waitUntil(t, "failed batches", func() bool { return failures.Load() >= 3 })
-	if n := o.outboxRows(t); n != 150 {
-		t.Errorf("%d rows left while Redis is down, want 150", n)
-	}
-	if lag.Load() <= 0 {
-		t.Errorf("lag %v while Redis is down, want above 0", time.Duration(lag.Load()))
-	}
-	ids = append(ids, o.publish(t, "orders", 200, 100, 20)...)
-	hook.on.Store(false)
-	waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-	seen := countIDs(entries(t, rdb, "orders"))
-	for _, id := range ids {
-		if seen[id] != 1 {
-			t.Errorf("id %s published %d times, want 1", id, seen[id])
-		}
-	}
-	if len(seen) != len(ids) {
-		t.Errorf("%d ids in the stream, want %d", len(seen), len(ids))
-	}
-	t.Logf("%d failed batches, %d published", failures.Load(), published.Load())
-}
-
-// A relay that stops between its XADDs and its COMMIT leaves its rows:
-// the next relay publishes them again, with the same ids. Nothing is lost,
-// and exactly that batch is duplicated.
-func TestRelayStoppedAfterXAdd(t *testing.T) {
-	t.Parallel()
-	o := newOutboxDB(t)
-	ids := o.publish(t, "orders", 0, 100, 10)
-	rdb := o.redis.Client(t)
-	hook := &failing{}
-	rdb.AddHook(hook)
-	ctx, cancel := context.WithCancel(context.Background())
-	hook.after = cancel // the XADDs landed; the relay dies before COMMIT
-	hook.armed.Store(true)
-	err := o.ledger.Relay(ctx, rdb, idempgx.WithRelayBatch(30), idempgx.WithRelayPoll(10*time.Millisecond))
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Relay: %v, want context.Canceled", err)
-	}
-	if got := o.outboxRows(t); got != 100 {
-		t.Fatalf("%d rows left after the stopped batch, want 100", got)
-	}
-	o.relay(t, rdb)
-	waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-	seen := countIDs(entries(t, rdb, "orders"))
-	dup := 0
-	for i, id := range ids {
-		want := 1
-		if i < 30 {
-			want = 2 // the stopped batch
-		}
-		if seen[id] != want {
-			t.Errorf("id %d (%s) published %d times, want %d", i, id, seen[id], want)
-		}
-		dup += seen[id] - 1
-	}
-	if dup != 30 {
-		t.Errorf("%d duplicates, want 30", dup)
-	}
-}
-
-// Two relays at once share the work while producers publish: every row is
-// published; the duplicates (none expected, with SKIP LOCKED) are counted.
-func TestRelayTwo(t *testing.T) {
-	t.Parallel()
-	o := newOutboxDB(t)
-	rdb := o.redis.Client(t)
-	var published, failures [2]atomic.Int64
-	var lastErr sync.Map
-	for i := range published {
-		o.relay(t, rdb, idempgx.WithRelayBatch(20), idempgx.WithRelayObserver(func(s idempgx.RelayStats) {
-			published[i].Store(s.Published)
-			failures[i].Store(s.Failures)
-			if s.Err != nil {
-				lastErr.Store(s.Err.Error(), true)
-			}
+	if observe != nil {
+		opts = append(opts, idempgx.WithRelayObserver(func(s idempgx.RelayStats) {
+			observe(ledgertest.RelayCounts{Published: s.Published, Failures: s.Failures, Lag: s.Lag, Err: s.Err})
 		}))
 	}
-	var ids []string
-	for i := range 10 {
-		ids = append(ids, o.publish(t, "orders", i*100, 100, 5)...)
-	}
-	waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-	msgs := entries(t, rdb, "orders")
-	seen := countIDs(msgs)
-	for _, id := range ids {
-		if seen[id] == 0 {
-			t.Errorf("id %s not published", id)
-		}
-	}
-	dups := len(msgs) - len(seen)
-	if dups != 0 {
-		t.Errorf("%d rows published twice", dups)
-	}
-	t.Logf("%d entries, %d distinct, %d duplicates; relays published %d and %d, failed %d and %d batches", len(msgs), len(seen), dups, published[0].Load(), published[1].Load(), failures[0].Load(), failures[1].Load())
-	lastErr.Range(func(k, _ any) bool { t.Logf("relay error: %s", k); return true })
+	return o.ledger.Relay(ctx, rdb, opts...)
+}
+
+// Rows is ledgertest.Outbox's.
+func (o *outboxDB) Rows(ctx context.Context) (int, error) {
+	var n int
+	err := o.pool.QueryRow(ctx, "SELECT count(*) FROM "+o.ledger.Table()+"_outbox").Scan(&n)
+	return n, err
 }
 
 // Inside an idem call, a re-run of fn publishes the same ids; another key,
@@ -632,7 +447,7 @@ func TestPublishRefuses(t *testing.T) {
 func TestRelayRefuses(t *testing.T) {
 	t.Parallel()
 	o := newOutboxDB(t)
-	rdb := o.redis.Client(t)
+	rdb := dbtest.StartRedis(t).Client(t)
 	ctx := context.Background()
 	for _, opt := range []idempgx.RelayOption{idempgx.WithRelayBatch(0), idempgx.WithRelayBatch(10_001), idempgx.WithRelayPoll(0), idempgx.WithRelayBackoff(-1)} {
 		if err := o.ledger.Relay(ctx, rdb, opt); err == nil {

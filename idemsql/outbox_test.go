@@ -5,21 +5,20 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/internal/servertest"
+	"github.com/idem-go/idem/ledgertest"
 	"github.com/idem-go/idem/ledgertest/dbtest"
 	"github.com/redis/go-redis/v9"
 )
 
-// outboxDB is a database with a migrated ledger and a redis-server.
+// outboxDB is a database with a migrated ledger, and for the tests of
+// this package a redis-server.
 type outboxDB struct {
 	name   string
 	db     *sql.DB
@@ -28,22 +27,13 @@ type outboxDB struct {
 	redis  *dbtest.Redis
 }
 
-func eachOutboxDB(t *testing.T, test func(t *testing.T, o *outboxDB)) {
-	for _, be := range servertest.Backends() {
-		t.Run(be.Name, func(t *testing.T) {
-			t.Parallel()
-			test(t, newOutboxDB(t, be))
-		})
-	}
-}
-
-func newOutboxDB(t *testing.T, be servertest.Backend) *outboxDB {
+func newOutboxDB(t testing.TB, be servertest.Backend) *outboxDB {
 	db, _ := be.Open(t)
 	l := idemsql.New(db, dialects[be.Name])
 	if err := l.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return &outboxDB{name: be.Name, db: db, ledger: l, ctx: idemsql.NewContext(context.Background(), l), redis: dbtest.StartRedis(t)}
+	return &outboxDB{name: be.Name, db: db, ledger: l, ctx: idemsql.NewContext(context.Background(), l)}
 }
 
 // publish commits n events to stream, with fields n (0, 1, ...) from
@@ -81,26 +71,6 @@ func (o *outboxDB) outboxRows(t *testing.T) int {
 	return n
 }
 
-// relay runs Relay with opts (and a 10ms poll) until stop is called, which
-// checks that it returned ctx's error.
-func (o *outboxDB) relay(t *testing.T, rdb redis.UniversalClient, opts ...idemsql.RelayOption) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	opts = append([]idemsql.RelayOption{idemsql.WithRelayPoll(10 * time.Millisecond), idemsql.WithRelayBackoff(200 * time.Millisecond)}, opts...)
-	go func() { done <- o.ledger.Relay(ctx, rdb, opts...) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; !errors.Is(err, context.Canceled) {
-				t.Errorf("Relay returned %v, want context.Canceled", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
 // entries reads stream whole.
 func entries(t *testing.T, rdb redis.UniversalClient, stream string) []redis.XMessage {
 	t.Helper()
@@ -131,231 +101,60 @@ func countIDs(msgs []redis.XMessage) map[string]int {
 	return seen
 }
 
-// A rolled-back transaction publishes nothing; a committed one publishes
-// its events, with their fields.
-func TestPublishRollback(t *testing.T) {
-	eachOutboxDB(t, func(t *testing.T, o *outboxDB) {
-		tx, err := o.db.BeginTx(o.ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := idemsql.Publish(o.ctx, tx, "orders", map[string]any{"order": "rolled-back"}); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Rollback(); err != nil {
-			t.Fatal(err)
-		}
-		type status string
-		tx, err = o.db.BeginTx(o.ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, err := idemsql.Publish(o.ctx, tx, "orders", map[string]any{"order": "o-1", "amount": 1250, "rate": 0.5, "status": status("paid"), "raw": []byte{0, 1}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		rdb := o.redis.Client(t)
-		stop := o.relay(t, rdb)
-		waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-		stop()
-		msgs := entries(t, rdb, "orders")
-		if len(msgs) != 1 {
-			t.Fatalf("%d entries, want 1: %v", len(msgs), msgs)
-		}
-		got := fmt.Sprint(msgs[0].Values)
-		want := fmt.Sprint(map[string]any{"order": "o-1", "amount": "1250", "rate": "0.5", "status": "paid", "raw": "\x00\x01", idemsql.EventIDField: id})
-		if got != want {
-			t.Errorf("entry %s, want %s", got, want)
-		}
-	})
-}
-
-// 1,000 committed events reach their streams once each, with distinct ids,
-// in the order of their rows.
-func TestRelayThousand(t *testing.T) {
-	eachOutboxDB(t, func(t *testing.T, o *outboxDB) {
-		ids := append(o.publish(t, "a", 0, 500, 10), o.publish(t, "b", 500, 500, 25)...)
-		rdb := o.redis.Client(t)
-		o.relay(t, rdb, idemsql.WithRelayBatch(64))
-		waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-		var all []redis.XMessage
-		for _, s := range []string{"a", "b"} {
-			msgs := entries(t, rdb, s)
-			for i := 1; i < len(msgs); i++ {
-				prev, _ := strconv.Atoi(msgs[i-1].Values["n"].(string))
-				n, _ := strconv.Atoi(msgs[i].Values["n"].(string))
-				if n != prev+1 {
-					t.Fatalf("stream %s: entry %d has n=%d after n=%d", s, i, n, prev)
-				}
-			}
-			all = append(all, msgs...)
-		}
-		seen := countIDs(all)
-		if len(all) != 1000 || len(seen) != 1000 {
-			t.Errorf("%d entries, %d distinct ids; want 1000, 1000", len(all), len(seen))
-		}
-		for _, id := range ids {
-			if seen[id] != 1 {
-				t.Errorf("id %s published %d times", id, seen[id])
-			}
-		}
-	})
-}
-
-// failing is a go-redis hook that fails every command and pipeline while
-// on is set, and calls after (once) after the first pipeline that
-// succeeded while armed is set.
-type failing struct {
-	on    atomic.Bool
-	armed atomic.Bool
-	after func()
-}
-
-var errRedisDown = errors.New("test: redis is down")
-
-func (f *failing) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (f *failing) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if f.on.Load() {
-			cmd.SetErr(errRedisDown)
-			return errRedisDown
-		}
-		return next(ctx, cmd)
-	}
-}
-func (f *failing) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if f.on.Load() {
-			for _, c := range cmds {
-				c.SetErr(errRedisDown)
-			}
-			return errRedisDown
-		}
-		err := next(ctx, cmds)
-		if err == nil && f.armed.CompareAndSwap(true, false) {
-			f.after()
-		}
-		return err
-	}
-}
-
-var _ redis.Hook = (*failing)(nil)
-
-// Redis down in the middle of the relay's work: batches fail and are
-// retried, no row is lost, none is published twice.
-func TestRelayRedisDown(t *testing.T) {
-	eachOutboxDB(t, func(t *testing.T, o *outboxDB) {
-		rdb := redisClient(t, o.redis.Addr())
-		hook := &failing{}
-		rdb.AddHook(hook)
-		var failures atomic.Int64
-		var published atomic.Int64
-		ids := o.publish(t, "orders", 0, 200, 20)
-		o.relay(t, rdb, idemsql.WithRelayBatch(50), idemsql.WithRelayObserver(func(s idemsql.RelayStats) {
-			failures.Store(s.Failures)
-			published.Store(s.Published)
-			if s.Published >= 50 && s.Failures == 0 {
-				hook.on.Store(true) // down, after the first batch
-			}
-		}))
-		waitUntil(t, "failed batches", func() bool { return failures.Load() >= 3 })
-		ids = append(ids, o.publish(t, "orders", 200, 100, 20)...)
-		hook.on.Store(false)
-		waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-		seen := countIDs(entries(t, rdb, "orders"))
-		for _, id := range ids {
-			if seen[id] != 1 {
-				t.Errorf("id %s published %d times, want 1", id, seen[id])
-			}
-		}
-		if len(seen) != len(ids) {
-			t.Errorf("%d ids in the stream, want %d", len(seen), len(ids))
-		}
-		t.Logf("%s: %d failed batches, %d published", o.name, failures.Load(), published.Load())
-	})
-}
-
-// A relay that stops between its XADDs and its COMMIT leaves its rows:
-// the next relay publishes them again, with the same ids. Nothing is lost,
-// and exactly that batch is duplicated.
-func TestRelayStoppedAfterXAdd(t *testing.T) {
-	eachOutboxDB(t, func(t *testing.T, o *outboxDB) {
-		ids := o.publish(t, "orders", 0, 100, 10)
-		rdb := redisClient(t, o.redis.Addr())
-		hook := &failing{}
-		rdb.AddHook(hook)
-		ctx, cancel := context.WithCancel(context.Background())
-		hook.after = cancel // the XADDs landed; the relay dies before COMMIT
-		hook.armed.Store(true)
-		err := o.ledger.Relay(ctx, rdb, idemsql.WithRelayBatch(30), idemsql.WithRelayPoll(10*time.Millisecond))
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("Relay: %v, want context.Canceled", err)
-		}
-		if got := o.outboxRows(t); got != 100 {
-			t.Fatalf("%d rows left after the stopped batch, want 100", got)
-		}
-		o.relay(t, rdb)
-		waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-		seen := countIDs(entries(t, rdb, "orders"))
-		dup := 0
-		for i, id := range ids {
-			want := 1
-			if i < 30 {
-				want = 2 // the stopped batch
-			}
-			if seen[id] != want {
-				t.Errorf("id %d (%s) published %d times, want %d", i, id, seen[id], want)
-			}
-			dup += seen[id] - 1
-		}
-		if dup != 30 {
-			t.Errorf("%d duplicates, want 30", dup)
-		}
-	})
-}
-
-// Two relays at once share the work: every row is published; the
-// duplicates (none expected, with SKIP LOCKED) are counted.
-func TestRelayTwo(t *testing.T) {
-	for _, name := range []string{"postgres", "mariadb"} {
-		t.Run(name, func(t *testing.T) {
+// The drivers' outbox scenarios, on every backend; two relays at once on
+// PostgreSQL and MariaDB, which claim with SKIP LOCKED.
+func TestOutbox(t *testing.T) {
+	for _, be := range servertest.Backends() {
+		t.Run(be.Name, func(t *testing.T) {
 			t.Parallel()
-			o := newOutboxDB(t, backendNamed(name))
-			rdb := o.redis.Client(t)
-			var published, failures [2]atomic.Int64
-			var lastErr sync.Map
-			for i := range published {
-				o.relay(t, rdb, idemsql.WithRelayBatch(20), idemsql.WithRelayObserver(func(s idemsql.RelayStats) {
-					published[i].Store(s.Published)
-					failures[i].Store(s.Failures)
-					if s.Err != nil {
-						lastErr.Store(s.Err.Error(), true)
-					}
-				}))
-			}
-			var ids []string
-			for i := range 10 {
-				ids = append(ids, o.publish(t, "orders", i*100, 100, 5)...)
-			}
-			waitUntil(t, "the outbox to empty", func() bool { return o.outboxRows(t) == 0 })
-			msgs := entries(t, rdb, "orders")
-			seen := countIDs(msgs)
-			for _, id := range ids {
-				if seen[id] == 0 {
-					t.Errorf("id %s not published", id)
-				}
-			}
-			dups := len(msgs) - len(seen)
-			if dups != 0 {
-				t.Errorf("%d rows published twice", dups)
-			}
-			t.Logf("%s: %d entries, %d distinct, %d duplicates; relays published %d and %d, failed %d and %d batches", name, len(msgs), len(seen), dups, published[0].Load(), published[1].Load(), failures[0].Load(), failures[1].Load())
-			lastErr.Range(func(k, _ any) bool { t.Logf("relay error: %s", k); return true })
+			ledgertest.ExerciseOutbox(t, ledgertest.OutboxDriver{Name: "idemsql/" + be.Name,
+				Open:         func(tb testing.TB) ledgertest.Outbox { return newOutboxDB(tb, be) },
+				EventIDField: idemsql.EventIDField, SharedRelays: be.Name != "sqlite"})
 		})
 	}
+}
+
+// Publish is ledgertest.Outbox's.
+func (o *outboxDB) Publish(ctx context.Context, stream string, fields []map[string]any, rollback bool) ([]string, error) {
+	ctx = idemsql.NewContext(ctx, o.ledger)
+	tx, err := o.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	var ids []string
+	for _, f := range fields {
+		id, err := idemsql.Publish(ctx, tx, stream, f)
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	if rollback {
+		return ids, tx.Rollback()
+	}
+	return ids, tx.Commit()
+}
+
+// Relay is ledgertest.Outbox's.
+func (o *outboxDB) Relay(ctx context.Context, rdb redis.UniversalClient, batch int, observe func(ledgertest.RelayCounts)) error {
+	opts := []idemsql.RelayOption{idemsql.WithRelayPoll(10 * time.Millisecond), idemsql.WithRelayBackoff(200 * time.Millisecond)}
+	if batch > 0 {
+		opts = append(opts, idemsql.WithRelayBatch(batch))
+	}
+	if observe != nil {
+		opts = append(opts, idemsql.WithRelayObserver(func(s idemsql.RelayStats) {
+			observe(ledgertest.RelayCounts{Published: s.Published, Failures: s.Failures, Lag: s.Lag, Err: s.Err})
+		}))
+	}
+	return o.ledger.Relay(ctx, rdb, opts...)
+}
+
+// Rows is ledgertest.Outbox's.
+func (o *outboxDB) Rows(ctx context.Context) (int, error) {
+	var n int
+	err := o.db.QueryRowContext(ctx, "SELECT count(*) FROM "+o.ledger.Table()+"_outbox").Scan(&n)
+	return n, err
 }
 
 // Inside an idem call, a re-run of fn publishes the same ids; another key,
@@ -459,7 +258,7 @@ func TestPublishRefuses(t *testing.T) {
 // Relay refuses bad options and a missing table.
 func TestRelayRefuses(t *testing.T) {
 	o := newOutboxDB(t, backendNamed("sqlite"))
-	rdb := o.redis.Client(t)
+	rdb := dbtest.StartRedis(t).Client(t)
 	ctx := context.Background()
 	for _, opt := range []idemsql.RelayOption{idemsql.WithRelayBatch(0), idemsql.WithRelayPoll(0), idemsql.WithRelayBackoff(-1)} {
 		if err := o.ledger.Relay(ctx, rdb, opt); err == nil {

@@ -86,10 +86,16 @@ func TestKilledRelay(t *testing.T) {
 					twice++
 				}
 			}
-			if twice < relayKills*relayChildBatch {
-				t.Errorf("%d events relayed twice, want at least %d (a batch per kill)", twice, relayKills*relayChildBatch)
+			// Each kill leaves a batch added and not deleted: a batch's
+			// worth of entries more. Count entries, not events relayed
+			// twice: the server may not have ended a killed relay's
+			// session yet when the next claims, which then skips the dead
+			// one's locked rows and relays them in its second batch, killed
+			// again: one batch three times, one fewer event twice.
+			if extra := len(msgs) - len(ids); extra < relayKills*relayChildBatch {
+				t.Errorf("%d entries for %d events: %d more, want at least %d (a batch per kill)", len(msgs), len(ids), extra, relayKills*relayChildBatch)
 			}
-			t.Logf("%d events, %d entries, %d relayed twice", len(ids), len(msgs), twice)
+			t.Logf("%d events, %d entries, %d relayed twice or more", len(ids), len(msgs), twice)
 			applied := consumeOnce(t, o, rdb, len(msgs))
 			for _, id := range ids {
 				if applied[id] != 1 {

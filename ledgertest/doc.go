@@ -48,7 +48,13 @@
 // that applies an entity's event in one transaction: 10 entities × 100
 // versions sent twice and shuffled, each applied once, in order through
 // AdvanceInOrder and forward only through Advance; 8 transactions racing to
-// one version, one applied.
+// one version, one applied. A driver of the outbox (Publish and Relay)
+// runs ExerciseOutbox, with an Outbox that publishes in a transaction of
+// its own and runs its Relay: a rollback publishes nothing, 1,000 events
+// reach their streams once each and in order, Redis down loses none and
+// duplicates none, a relay stopped between its XADDs and its COMMIT
+// duplicates exactly that batch, and two relays at once (SharedRelays)
+// publish every row.
 //
 // Its subpackage dbtest starts the real servers the tests need: Redis and
 // PostgreSQL, each on a free loopback port in a temporary directory, as an

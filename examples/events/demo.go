@@ -3,9 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,11 +11,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/idem-go/idem/examples/internal/demoredis"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/redis/go-redis/v9"
 )
@@ -116,7 +114,7 @@ func run(ctx context.Context, cfg config, addr string) (report, error) {
 			return report{}, err
 		}
 		defer mr.Close()
-		defer followWallClock(mr)()
+		defer demoredis.FollowWallClock(mr)()
 		addr = mr.Addr()
 	}
 	dir, err := os.MkdirTemp("", "idem-events-")
@@ -126,8 +124,8 @@ func run(ctx context.Context, cfg config, addr string) (report, error) {
 	defer os.RemoveAll(dir)
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	prefix := runPrefix()
-	defer cleanup(rdb, prefix)
+	prefix := demoredis.RunPrefix("events")
+	defer demoredis.Cleanup(rdb, prefix)
 
 	entries := cfg.workload()
 	rep := report{cfg: cfg, entries: len(entries), dups: len(entries) - cfg.events}
@@ -410,49 +408,4 @@ func (p *proc) stop() {
 	defer t.Stop()
 	<-p.done
 	_ = p.cmd.Wait()
-}
-
-// runPrefix returns a key prefix unique to this run, so that a run on a
-// shared Redis touches only keys of its own.
-func runPrefix() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return "idem-events-" + hex.EncodeToString(b) + ":"
-}
-
-// cleanup deletes the run's keys.
-func cleanup(rdb *redis.Client, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		rdb.Del(ctx, iter.Val())
-	}
-}
-
-// followWallClock makes m's keys expire as a real Redis's would: miniredis
-// counts TTLs down only when told to (FastForward), and without that a
-// killed consumer's claims would never end. It returns the function that
-// stops it.
-func followWallClock(m *miniredis.Miniredis) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(10 * time.Millisecond)
-		defer t.Stop()
-		last := time.Now()
-		for {
-			select {
-			case <-done:
-				return
-			case now := <-t.C:
-				m.FastForward(now.Sub(last))
-				last = now
-			}
-		}
-	})
-	return func() {
-		close(done)
-		wg.Wait()
-	}
 }

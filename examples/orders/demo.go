@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +21,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/idem-go/idem/examples/internal/demoredis"
 	"github.com/idem-go/idem/httpidem"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/redis/go-redis/v9"
@@ -112,7 +111,7 @@ func run(ctx context.Context, cfg config, addr string) (report, error) {
 			return rep, err
 		}
 		defer mr.Close()
-		defer followWallClock(mr)()
+		defer demoredis.FollowWallClock(mr)()
 		addr = mr.Addr()
 	}
 	dir, err := os.MkdirTemp("", "idem-orders-")
@@ -122,8 +121,8 @@ func run(ctx context.Context, cfg config, addr string) (report, error) {
 	defer os.RemoveAll(dir)
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	base := child{Redis: addr, Dir: dir, Prefix: runPrefix(), Lease: cfg.lease}
-	defer cleanup(rdb, base.Prefix)
+	base := child{Redis: addr, Dir: dir, Prefix: demoredis.RunPrefix("orders"), Lease: cfg.lease}
+	defer demoredis.Cleanup(rdb, base.Prefix)
 	if base.Orders, err = freeAddr(); err != nil {
 		return rep, err
 	}
@@ -564,49 +563,4 @@ func freeAddr() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
-}
-
-// runPrefix returns a key prefix unique to this run, so that a run on a
-// shared Redis touches only keys of its own.
-func runPrefix() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return "idem-orders-" + hex.EncodeToString(b) + ":"
-}
-
-// cleanup deletes the run's keys.
-func cleanup(rdb *redis.Client, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		rdb.Del(ctx, iter.Val())
-	}
-}
-
-// followWallClock makes m's keys expire as a real Redis's would: miniredis
-// counts TTLs down only when told to (FastForward), and without that a
-// killed process's claims would never end. It returns the function that
-// stops it.
-func followWallClock(m *miniredis.Miniredis) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(10 * time.Millisecond)
-		defer t.Stop()
-		last := time.Now()
-		for {
-			select {
-			case <-done:
-				return
-			case now := <-t.C:
-				m.FastForward(now.Sub(last))
-				last = now
-			}
-		}
-	})
-	return func() {
-		close(done)
-		wg.Wait()
-	}
 }

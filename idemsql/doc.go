@@ -105,8 +105,11 @@
 // Several relays share the work on PostgreSQL and MySQL: a batch claims its
 // rows with FOR UPDATE SKIP LOCKED (on MySQL at READ COMMITTED, deleting
 // row by row, so that relays and publishers take no locks on each other's
-// rows). In TestRelayTwo, two relays moved 1,000 rows with no duplicate on
-// PostgreSQL and MariaDB. SQLite has one writer: run one relay.
+// rows). In TestOutbox's TwoRelays scenario, two relays moved 1,000 rows
+// with no duplicate on PostgreSQL and MariaDB. The rows of a relay killed
+// mid-batch stay locked until the server ends its session; until then the
+// next relay skips them, and relays them after rows published later. SQLite
+// has one writer: run one relay.
 //
 // Order: rows are relayed in the order of the outbox's autoincrement seq,
 // and one relay keeps each stream's entries in that order. seq is given

@@ -80,9 +80,10 @@ func (c child) consume(ctx context.Context, out *reporter) error {
 	p := &payments{db: db, provider: &http.Client{Transport: httpidem.NewTransport(tr), Timeout: 10 * time.Second},
 		url: "http://" + c.Provider + "/charges", out: out}
 	// The key is the default, the entry's idemsql.EventIDField: an event
-	// relayed twice is applied once. A gap holds an entry back until the
-	// event before it is applied, maybe after a killed consumer's lease:
-	// many tries, none counted as the event's failure for long.
+	// relayed twice is applied once. An ErrGap holds an entry back until
+	// the event before it is applied, which may wait for a killed
+	// consumer's lease to end: short pauses between tries, and a delivery
+	// limit high enough that a held event is retried, not dead-lettered.
 	consumer := idemstream.New(keys, rdb, c.stream(), group, c.Name,
 		idemstream.WithWorkers(2), idemstream.WithBackoff(20*time.Millisecond, 500*time.Millisecond),
 		idemstream.WithMaxDeliveries(1000), idemstream.WithLogger(nil))

@@ -67,8 +67,8 @@ func (o *outboxDB) publish(t *testing.T, stream string, first, n, per int) []str
 // outboxRows returns how many rows the outbox holds.
 func (o *outboxDB) outboxRows(t *testing.T) int {
 	t.Helper()
-	var n int
-	if err := o.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+o.ledger.Table()+"_outbox").Scan(&n); err != nil {
+	n, err := o.Rows(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -92,36 +92,6 @@ func (o *outboxDB) relay(t *testing.T, rdb redis.UniversalClient, opts ...idempg
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-// entries reads stream whole.
-func entries(t *testing.T, rdb redis.UniversalClient, stream string) []redis.XMessage {
-	t.Helper()
-	msgs, err := rdb.XRange(context.Background(), stream, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return msgs
-}
-
-// waitUntil polls cond for up to a minute.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// countIDs returns how many entries carry each event id.
-func countIDs(msgs []redis.XMessage) map[string]int {
-	seen := map[string]int{}
-	for _, m := range msgs {
-		seen[m.Values[idempgx.EventIDField].(string)]++
-	}
-	return seen
 }
 
 // The drivers' outbox scenarios, two relays at once among them.
@@ -342,7 +312,7 @@ func TestPublishAsIdemsql(t *testing.T) {
 	go func() {
 		done <- sqlDefault.Relay(relayCtx, rdb, idemsql.WithRelayPoll(10*time.Millisecond))
 	}()
-	waitUntil(t, "idemsql's relay to move idempgx's rows", func() bool { return o.outboxRows(t) == 0 })
+	ledgertest.WaitUntil(t, "idemsql's relay to move idempgx's rows", func() bool { return o.outboxRows(t) == 0 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("idemsql's Relay: %v", err)
@@ -364,14 +334,14 @@ func TestPublishAsIdemsql(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.relay(t, rdb)
-	waitUntil(t, "idempgx's relay to move idemsql's rows", func() bool { return o.outboxRows(t) == 0 })
-	msgs := entries(t, rdb, "cross")
+	ledgertest.WaitUntil(t, "idempgx's relay to move idemsql's rows", func() bool { return o.outboxRows(t) == 0 })
+	msgs := ledgertest.StreamEntries(t, rdb, "cross")
 	for i, m := range msgs {
 		if m.Values["n"] != strconv.Itoa(i) {
 			t.Errorf("entry %d: %v, want n=%d", i, m.Values, i)
 		}
 	}
-	seen := countIDs(msgs)
+	seen := ledgertest.CountIDs(msgs, idempgx.EventIDField)
 	for _, id := range append(pgxIDs, sqlIDs...) {
 		if seen[id] != 1 {
 			t.Errorf("id %s published %d times, want 1", id, seen[id])

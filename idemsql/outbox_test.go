@@ -64,41 +64,11 @@ func (o *outboxDB) publish(t *testing.T, stream string, first, n, per int) []str
 // outboxRows returns how many rows the outbox holds.
 func (o *outboxDB) outboxRows(t *testing.T) int {
 	t.Helper()
-	var n int
-	if err := o.db.QueryRow("SELECT count(*) FROM " + o.ledger.Table() + "_outbox").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// entries reads stream whole.
-func entries(t *testing.T, rdb redis.UniversalClient, stream string) []redis.XMessage {
-	t.Helper()
-	msgs, err := rdb.XRange(context.Background(), stream, "-", "+").Result()
+	n, err := o.Rows(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return msgs
-}
-
-// waitUntil polls cond for up to a minute.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// countIDs returns how many entries carry each event id.
-func countIDs(msgs []redis.XMessage) map[string]int {
-	seen := map[string]int{}
-	for _, m := range msgs {
-		seen[m.Values[idemsql.EventIDField].(string)]++
-	}
-	return seen
+	return n
 }
 
 // The drivers' outbox scenarios, on every backend; two relays at once on

@@ -16,6 +16,7 @@ import (
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/internal/servertest"
 	"github.com/idem-go/idem/idemstream"
+	"github.com/idem-go/idem/ledgertest"
 	"github.com/idem-go/idem/ledgertest/dbtest"
 	"github.com/redis/go-redis/v9"
 )
@@ -66,7 +67,7 @@ func TestKilledRelay(t *testing.T) {
 					t.Fatal(err)
 				}
 				if last {
-					waitUntil(t, "an empty outbox", func() bool { return o.outboxRows(t) == 0 })
+					ledgertest.WaitUntil(t, "an empty outbox", func() bool { return o.outboxRows(t) == 0 })
 				} else {
 					lines := bufio.NewScanner(out)
 					for lines.Scan() && lines.Text() != "xadded" {
@@ -75,8 +76,8 @@ func TestKilledRelay(t *testing.T) {
 				_ = cmd.Process.Kill() // SIGKILL
 				_ = cmd.Wait()
 			}
-			msgs := entries(t, rdb, "payments")
-			seen := countIDs(msgs)
+			msgs := ledgertest.StreamEntries(t, rdb, "payments")
+			seen := ledgertest.CountIDs(msgs, idemsql.EventIDField)
 			twice := 0
 			for _, id := range ids {
 				switch n := seen[id]; {

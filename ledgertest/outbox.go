@@ -175,37 +175,46 @@ func (e *outboxEnv) relay(t *testing.T, rdb redis.UniversalClient, batch int, ob
 // emptied waits until the outbox is empty.
 func (e *outboxEnv) emptied(t *testing.T) {
 	t.Helper()
-	waitUntil(t, "the outbox to empty", func() bool { return e.rows(t) == 0 })
+	WaitUntil(t, "the outbox to empty", func() bool { return e.rows(t) == 0 })
 }
 
-// ids returns how many entries of stream carry each event id.
+// ids returns how many entries stream has, and how many carry each event
+// id.
 func (e *outboxEnv) ids(t *testing.T, rdb redis.UniversalClient, stream string) (entries int, seen map[string]int) {
 	t.Helper()
-	msgs := streamEntries(t, rdb, stream)
-	seen = map[string]int{}
-	for _, m := range msgs {
-		id, _ := m.Values[e.d.EventIDField].(string)
-		seen[id]++
-	}
-	return len(msgs), seen
+	msgs := StreamEntries(t, rdb, stream)
+	return len(msgs), CountIDs(msgs, e.d.EventIDField)
 }
 
-// streamEntries reads stream whole.
-func streamEntries(t *testing.T, rdb redis.UniversalClient, stream string) []redis.XMessage {
-	t.Helper()
+// StreamEntries returns stream's entries, read whole (XRANGE - +); an error
+// fails tb.
+func StreamEntries(tb testing.TB, rdb redis.UniversalClient, stream string) []redis.XMessage {
+	tb.Helper()
 	msgs, err := rdb.XRange(context.Background(), stream, "-", "+").Result()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	return msgs
 }
 
-// waitUntil polls cond for up to a minute.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
+// CountIDs returns how many of msgs carry each event id, the value of
+// their field idField (the driver's EventIDField).
+func CountIDs(msgs []redis.XMessage, idField string) map[string]int {
+	seen := map[string]int{}
+	for _, m := range msgs {
+		id, _ := m.Values[idField].(string)
+		seen[id]++
+	}
+	return seen
+}
+
+// WaitUntil calls cond every 10ms until it returns true, and fails tb
+// naming what it waited for when a minute passed first.
+func WaitUntil(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
 	for deadline := time.Now().Add(time.Minute); !cond(); {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			tb.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -227,7 +236,7 @@ func publishRollback(t *testing.T, e *outboxEnv) {
 	stop := e.relay(t, rdb, 0, nil)
 	e.emptied(t)
 	stop()
-	msgs := streamEntries(t, rdb, "orders")
+	msgs := StreamEntries(t, rdb, "orders")
 	if len(msgs) != 1 {
 		t.Fatalf("%d entries, want 1: %v", len(msgs), msgs)
 	}
@@ -247,7 +256,7 @@ func relayThousand(t *testing.T, e *outboxEnv) {
 	e.emptied(t)
 	var all []redis.XMessage
 	for _, s := range []string{"a", "b"} {
-		msgs := streamEntries(t, rdb, s)
+		msgs := StreamEntries(t, rdb, s)
 		for i := 1; i < len(msgs); i++ {
 			prev, _ := strconv.Atoi(msgs[i-1].Values["n"].(string))
 			n, _ := strconv.Atoi(msgs[i].Values["n"].(string))
@@ -257,11 +266,7 @@ func relayThousand(t *testing.T, e *outboxEnv) {
 		}
 		all = append(all, msgs...)
 	}
-	seen := map[string]int{}
-	for _, m := range all {
-		id, _ := m.Values[e.d.EventIDField].(string)
-		seen[id]++
-	}
+	seen := CountIDs(all, e.d.EventIDField)
 	if len(all) != 1000 || len(seen) != 1000 {
 		t.Errorf("%d entries, %d distinct ids; want 1000, 1000", len(all), len(seen))
 	}
@@ -330,7 +335,7 @@ func relayRedisDown(t *testing.T, e *outboxEnv) {
 			hook.on.Store(true) // down, after the first batch
 		}
 	})
-	waitUntil(t, "failed batches", func() bool { return failures.Load() >= 3 })
+	WaitUntil(t, "failed batches", func() bool { return failures.Load() >= 3 })
 	if n := e.rows(t); n != 150 {
 		t.Errorf("%d rows left while Redis is down, want 150", n)
 	}

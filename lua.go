@@ -127,7 +127,7 @@ func (c *Client) write(ctx context.Context, s pipeline.Script, keys []string, ar
 		return cmd, w
 	}
 	cmd, w := send(true)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		cmd, w = send(false)
 	}
 	if cmd.Err() != nil {

@@ -300,6 +300,9 @@ func (e inFlightError) Unwrap() error { return e.err }
 // carried the failed call of err is over, or nil when err is not one of a
 // call that left its pipeline under way.
 func InFlight(err error) <-chan struct{} {
+	if err == nil {
+		return nil // before e, which escapes to the heap: a success allocates nothing
+	}
 	var e inFlightError
 	if errors.As(err, &e) {
 		return e.done
@@ -380,7 +383,8 @@ func (b *batcher) send(batch []*batchedCall) {
 	_, _ = pipe.Exec(ctx)
 	var again redis.Pipeliner
 	for _, bc := range batch {
-		if redis.HasErrorPrefix(bc.cmd.Err(), "NOSCRIPT") {
+		// HasErrorPrefix allocates even for a nil error: only a failure pays.
+		if err := bc.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			if again == nil {
 				again = b.rdb.Pipeline()
 			}
@@ -427,6 +431,9 @@ func ErrCmd(ctx context.Context, err error) *redis.Cmd {
 // NotSent reports whether err is that of a call whose script was never
 // sent: its context ended while it was queued.
 func NotSent(err error) bool {
+	if err == nil {
+		return false // before ns, which escapes to the heap
+	}
 	var ns notSentError
 	return errors.As(err, &ns)
 }

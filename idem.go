@@ -33,7 +33,7 @@ type Client struct {
 	// retention in milliseconds.
 	publish, leaseMs, retentionMs any
 	// ages is claim.lua's ARGV[3]: "1" to have replays' ages, for the
-	// events (see Event.Age), else "".
+	// events (see Event.Age), else "" (then a plain claim leaves it out).
 	ages any
 	tomb tombstones
 	// mark is the lease mark of a new claim (see lua/record.lua), in

@@ -571,3 +571,88 @@ func TestRoundTripsWithReplicas(t *testing.T) {
 	measure("replay", 1, map[string]int{"evalsha claim": 1, "wait": 1}, "k", "fp")
 	measure("conflict", 1, map[string]int{"evalsha claim": 1, "wait": 1}, "k", "other")
 }
+
+// argsHook records the number of keys and arguments of every claim script
+// a client sends.
+type argsHook struct {
+	mu     sync.Mutex
+	claims [][2]int // guarded by mu; per claim: keys, then ARGV
+}
+
+func (h *argsHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *argsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.note(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *argsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.note(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *argsHook) note(cmd redis.Cmder) {
+	if cmdName(cmd) != "evalsha claim" {
+		return
+	}
+	args := cmd.Args() // EVALSHA sha numkeys keys... args...
+	nk, _ := args[2].(int)
+	h.mu.Lock()
+	h.claims = append(h.claims, [2]int{nk, len(args) - 3 - nk})
+	h.mu.Unlock()
+}
+
+// TestClaimArguments holds a plain claim to the record and steps keys and
+// two arguments: the ages argument (claim.lua's ARGV[3]) goes only when an
+// observer wants ages, for every argument costs the server to parse.
+// claim.lua reads a missing ARGV[3] as "not wanted", so scripts of either
+// version read either call.
+func TestClaimArguments(t *testing.T) {
+	t.Parallel()
+	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
+		ctx := context.Background()
+		var events idemtest.Runs
+		for _, tc := range []struct {
+			name string
+			opts []idem.Option
+			want [2]int
+		}{
+			{"plain", nil, [2]int{2, 2}},
+			{"observed", []idem.Option{idem.WithObserver(nopObserver{})}, [2]int{2, 3}},
+		} {
+			rdb := b.Client(t)
+			h := new(argsHook)
+			rdb.AddHook(h)
+			c := idem.New(rdb, tc.opts...)
+			t.Cleanup(func() { _ = c.Close() })
+			key := tc.name + "-key"
+			for range 2 { // a new key, then its replay
+				if _, err := c.Do(ctx, key, "fp", events.Fn("r")); err != nil {
+					t.Fatalf("%s: %v", tc.name, err)
+				}
+			}
+			h.mu.Lock()
+			got := slices.Clone(h.claims)
+			h.mu.Unlock()
+			if len(got) < 2 {
+				t.Fatalf("%s: %d claims seen, want 2 or more", tc.name, len(got))
+			}
+			for _, g := range got {
+				if g != tc.want {
+					t.Errorf("%s: a claim sent %d keys and %d arguments, want %d and %d", tc.name, g[0], g[1], tc.want[0], tc.want[1])
+				}
+			}
+		}
+	})
+}
+
+// nopObserver is an Observer that ignores every event.
+type nopObserver struct{}
+
+func (nopObserver) Observe(context.Context, idem.Event) {}

@@ -88,8 +88,12 @@ func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first,
 		tkeys := []string{keys[0], steps, c.tomb.base(c.cfg.prefix, keys[0])}
 		v, err = c.write(ctx, claimScript, tkeys, first, c.retentionMs, c.ages,
 			tombstoneField(keys[0]), fp[:min(len(fp), 8)]).Result()
-	} else {
+	} else if c.ages != "" {
 		v, err = c.write(ctx, claimScript, []string{keys[0], steps}, first, c.retentionMs, c.ages).Result()
+	} else {
+		// No observer wants ages: ARGV[3] is left out, as claim.lua reads
+		// a missing one (every argument costs the server to parse).
+		v, err = c.write(ctx, claimScript, []string{keys[0], steps}, first, c.retentionMs).Result()
 	}
 	if err != nil {
 		return claimReply{}, err

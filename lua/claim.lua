@@ -5,7 +5,9 @@
 -- KEYS[1]  the record, <prefix>:{<key>}
 -- KEYS[2]  its steps' checkpoints, <prefix>:{<key>}:steps (see lua/step.lua):
 --          a takeover resets their TTL with the record's, so that they
---          live as long as it does (optional: without it, nothing is reset)
+--          live as long as it does, and looks for a parked operation there.
+--          Optional, but idem always sends it: any claim may turn out a
+--          takeover, and asking again would cost a takeover a round trip.
 -- ARGV[1]  the caller's new claim, as the caller built it: the record of
 --          attempt 1 in progress, with the caller's fingerprint digest
 --          ("" = not checked), its owner token (random per Do call) and
@@ -13,7 +15,8 @@
 --          the script needs to know of the caller; few arguments keep the
 --          call short, and a new key's record is stored as it is.
 -- ARGV[2]  retention in milliseconds (the record's TTL), at least the lease
--- ARGV[3]  "1" to return a finished record with its PTTL (for its age)
+-- ARGV[3]  "1" to return a finished record with its PTTL (for its age);
+--          a plain claim leaves it out unless observers want ages
 -- KEYS[3], ARGV[4..5]  with tombstones only (see lua/tombstone.lua): the
 --          stem of the key's tombstone buckets; the tombstone's field, and
 --          the first 8 bytes of the caller's fingerprint digest ("" = not

@@ -209,10 +209,16 @@ type call struct {
 	notes *callNotes // for the observers; nil when nobody observes the call
 
 	// Set by claim.
-	keys    []string // the Redis keys of the record and of its channel
-	token   string   // the owner token of this call's claims
-	n       int64    // the attempt claimed
-	claimed []byte   // the record of that claim, which complete finds unchanged
+	keys      []string  // the Redis keys of the record and of its channel
+	claimKeys []string  // of the record and of its steps' checkpoints
+	keySet    [4]string // what keys and claimKeys hold (see callKeys)
+	// claim.lua's ARGV[1..3]: the new claim, the retention, ages; set once,
+	// before the first claim, for a pipeline may read them after the call
+	// gave up on it (see pipeline.InFlight).
+	claimArgs [3]any
+	token     string // the owner token of this call's claims
+	n         int64  // the attempt claimed
+	claimed   []byte // the record of that claim, which complete finds unchanged
 
 	// As a flight: ready is closed once res, err and retry are set; it is
 	// made, under flights.mu, when the first follower comes.

@@ -63,20 +63,21 @@ const (
 	tombstoneMarker = "--[[lua/tombstone.lua]]"
 )
 
-// claimOnce runs lua/claim.lua for a call with fingerprint digest fp; keys are
-// the record's and its channel's, first the record that a claim of a new
-// key writes (claimRecord of attempt 1), which also tells the script the
-// call's fingerprint, owner token and lease.
-// A registered operation's input (Op.Do), when not nil, is stored beside
-// the record in the same script.
-func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first, input []byte) (claimReply, error) {
+// claimOnce runs lua/claim.lua once for the call: its claimKeys, the
+// record's and its steps' checkpoints', and its claimArgs (see claim). The
+// first of those, the record that a claim of a new key writes
+// (claimRecord of attempt 1), also tells the script the call's
+// fingerprint, owner token and lease. A registered operation's input
+// (Op.Do), when not nil, is stored beside the record in the same script.
+func (cl *call) claimOnce(ctx context.Context) (claimReply, error) {
+	c, keys, fp, input := cl.c, cl.claimKeys, cl.fp, cl.input
+	first := cl.claimArgs[0]
 	var v any
 	var err error
 	// The steps' checkpoints ride along: a takeover resets their TTL with
 	// the record's (see lua/claim.lua).
-	steps := keys[0] + stepsSuffix
 	if input != nil {
-		ks := []string{keys[0], steps}
+		ks := []string{keys[0], keys[1]}
 		var tk, tf any = "", ""
 		if c.tomb.on {
 			ks = append(ks, c.tomb.base(c.cfg.prefix, keys[0]))
@@ -85,15 +86,17 @@ func (c *Client) claimOnce(ctx context.Context, keys []string, fp string, first,
 		ks = append(ks, keys[0]+inputSuffix)
 		v, err = c.write(ctx, claimScript, ks, first, c.retentionMs, c.ages, tk, tf, input).Result()
 	} else if c.tomb.on {
-		tkeys := []string{keys[0], steps, c.tomb.base(c.cfg.prefix, keys[0])}
+		tkeys := []string{keys[0], keys[1], c.tomb.base(c.cfg.prefix, keys[0])}
 		v, err = c.write(ctx, claimScript, tkeys, first, c.retentionMs, c.ages,
 			tombstoneField(keys[0]), fp[:min(len(fp), 8)]).Result()
-	} else if c.ages != "" {
-		v, err = c.write(ctx, claimScript, []string{keys[0], steps}, first, c.retentionMs, c.ages).Result()
 	} else {
-		// No observer wants ages: ARGV[3] is left out, as claim.lua reads
-		// a missing one (every argument costs the server to parse).
-		v, err = c.write(ctx, claimScript, []string{keys[0], steps}, first, c.retentionMs).Result()
+		// ARGV[3] only when observers want ages: claim.lua reads a
+		// missing one as not wanted, and every argument costs a parse.
+		args := cl.claimArgs[:2]
+		if c.ages != "" {
+			args = cl.claimArgs[:3]
+		}
+		v, err = c.write(ctx, claimScript, keys, args...).Result()
 	}
 	if err != nil {
 		return claimReply{}, err

@@ -54,7 +54,7 @@ func (cl *call) prepare(cctx context.Context, cancel context.CancelCauseFunc, de
 		p = &pending{key: cl.key, fp: cl.fp, n: cl.n, maxResult: c.cfg.maxResultSize, ledger: c.cfg.ledger}
 		fctx.pending = p
 	}
-	fctx.steps.init(c, cl.key, cl.keys[0], cl.token, cl.n, p)
+	fctx.steps.init(c, cl.key, cl.claimKeys, cl.token, cl.n, p)
 	o.lease = renewal{ctx: fctx, due: monoBase.Add(time.Duration(deadline) - 2*c.renewals.every)}
 	c.renewals.start(&o.lease)
 	return o

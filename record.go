@@ -22,6 +22,32 @@ import (
 func (c *Client) keys(key string) []string {
 	var b strings.Builder
 	b.Grow(len(c.cfg.prefix) + len(key) + 4 + len(doneSuffix))
+	c.writeRecordKey(&b, key)
+	b.WriteString(doneSuffix)
+	ch := b.String()
+	return []string{ch[:len(ch)-len(doneSuffix)], ch}
+}
+
+// callKeys returns the Redis keys of a call on key, as slices of set, with
+// their text in one allocation: keys, the record's and its channel's (as
+// Client.keys returns them), and claimKeys, the record's and its steps'
+// checkpoints' (the KEYS of claim.lua, renew.lua and step.lua).
+func (c *Client) callKeys(key string, set *[4]string) (keys, claimKeys []string) {
+	var b strings.Builder
+	b.Grow(2*(len(c.cfg.prefix)+len(key)+3) + len(doneSuffix) + len(stepsSuffix))
+	c.writeRecordKey(&b, key)
+	n := b.Len()
+	b.WriteString(doneSuffix)
+	b.WriteString(b.String()[:n]) // the record's key again, before the steps' suffix
+	b.WriteString(stepsSuffix)
+	s := b.String()
+	set[0], set[1] = s[:n], s[:n+len(doneSuffix)]
+	set[2], set[3] = set[0], s[n+len(doneSuffix):]
+	return set[0:2:2], set[2:4:4]
+}
+
+// writeRecordKey writes the Redis key of key's record to b (see keys).
+func (c *Client) writeRecordKey(b *strings.Builder, key string) {
 	b.WriteString(c.cfg.prefix)
 	b.WriteString(":{")
 	if strings.IndexByte(key, '\\') >= 0 || strings.IndexByte(key, '}') >= 0 {
@@ -39,9 +65,6 @@ func (c *Client) keys(key string) []string {
 		b.WriteString(key)
 	}
 	b.WriteByte('}')
-	b.WriteString(doneSuffix)
-	ch := b.String()
-	return []string{ch[:len(ch)-len(doneSuffix)], ch}
 }
 
 const doneSuffix = ":done"

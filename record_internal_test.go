@@ -1,6 +1,9 @@
 package idem
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // notified trusts a notification only as the finished record of the owner
 // the waiter saw, with a fingerprint that does not conflict.
@@ -35,6 +38,30 @@ func TestNotified(t *testing.T) {
 		r, ok := notified(tc.msg, tc.fp, tc.owner)
 		if ok != tc.ok || (ok && (byte(r.kind) != tc.kind || r.payload != tc.payload)) {
 			t.Errorf("%s: notified(%q) = %c %q %v; want %c %q %v", tc.name, tc.msg, r.kind, r.payload, ok, tc.kind, tc.payload, tc.ok)
+		}
+	}
+}
+
+// callKeys builds the keys that Client.keys and the steps' suffix make,
+// escaped keys included, in one allocation for a key without '\' or '}'. (Not parallel:
+// AllocsPerRun counts the whole process's allocations.)
+func TestCallKeys(t *testing.T) {
+	c := &Client{cfg: config{prefix: "idem"}}
+	for _, key := range []string{"k", "", `a\b}c`, "}}}}\\\\", "a-much-longer-key-0123456789abcdef"} {
+		var set [4]string
+		keys, claimKeys := c.callKeys(key, &set)
+		want := c.keys(key)
+		if len(keys) != 2 || keys[0] != want[0] || keys[1] != want[1] {
+			t.Errorf("callKeys(%q) keys = %q, want %q", key, keys, want)
+		}
+		if len(claimKeys) != 2 || claimKeys[0] != want[0] || claimKeys[1] != want[0]+stepsSuffix {
+			t.Errorf("callKeys(%q) claimKeys = %q, want %q", key, claimKeys, []string{want[0], want[0] + stepsSuffix})
+		}
+		if strings.ContainsAny(key, `\}`) {
+			continue // escaping may grow the text past its first guess
+		}
+		if got := testing.AllocsPerRun(100, func() { c.callKeys(key, &set) }); got > 1 {
+			t.Errorf("callKeys(%q) allocates %v times, want 1", key, got)
 		}
 	}
 }

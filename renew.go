@@ -222,7 +222,6 @@ func (cl *call) renew(ctx context.Context) (renewed bool, sent int64, err error)
 	// The steps' checkpoints are renewed with the record: a checkpoint
 	// must last as long as the record it belongs to, however long fn runs
 	// after it (see lua/step.lua).
-	rk := []string{cl.keys[0], cl.keys[0] + stepsSuffix}
-	n, err := c.scripts.Run(ctx, renewScript, rk, cl.token, c.leaseMs, c.retentionMs).Int64()
+	n, err := c.scripts.Run(ctx, renewScript, cl.claimKeys, cl.token, c.leaseMs, c.retentionMs).Int64()
 	return err == nil && n == 1, sent, err
 }

@@ -171,16 +171,15 @@ const (
 // steps is the state of one attempt's steps, part of its fn's context
 // (attemptCtx), which own sets up.
 type steps struct {
-	c         *Client
-	key       string // the operation's
-	recordKey string // the record's Redis key
-	token     string // the attempt owner's
-	n         int64  // the attempt number
+	c     *Client
+	key   string   // the operation's
+	keys  []string // the Redis keys of the record and of its checkpoints (the call's claimKeys)
+	token string   // the attempt owner's
+	n     int64    // the attempt number
 
 	p *pending // the call's hold for Commit; nil without a ledger
 
 	mu      sync.Mutex
-	keys    []string            // guarded by mu; the record and its checkpoints, made by the first step
 	names   map[string]struct{} // guarded by mu; the names used in this attempt
 	ended   bool                // guarded by mu; fn returned
 	after   error               // guarded by mu; the steps refused or failed after the commit
@@ -196,8 +195,8 @@ type reconciled struct {
 	at    time.Time
 }
 
-func (s *steps) init(c *Client, key, recordKey, token string, n int64, p *pending) {
-	s.c, s.key, s.recordKey, s.token, s.n, s.p = c, key, recordKey, token, n, p
+func (s *steps) init(c *Client, key string, keys []string, token string, n int64, p *pending) {
+	s.c, s.key, s.keys, s.token, s.n, s.p = c, key, keys, token, n, p
 }
 
 // committed reports whether a ledger commit decided the operation's
@@ -301,7 +300,6 @@ func (s *steps) reserve(name string) error {
 	}
 	if s.names == nil {
 		s.names = make(map[string]struct{})
-		s.keys = []string{s.recordKey, s.recordKey + stepsSuffix}
 	}
 	s.names[name] = struct{}{}
 	return nil

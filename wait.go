@@ -33,8 +33,10 @@ const defaultFirstPoll = 25 * time.Millisecond
 // model/idem.pml.
 func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 	c, key := cl.c, cl.key
-	cl.keys, cl.token = c.keys(key), newToken()
+	cl.keys, cl.claimKeys = c.callKeys(key, &cl.keySet)
+	cl.token = newToken()
 	first := c.claimRecord(cl.fp, cl.token, 1) // what a claim of a new key writes
+	cl.claimArgs = [3]any{first, c.retentionMs, c.ages}
 	wt := waiting{pause: c.firstPoll}
 	defer wt.stop()
 	for {
@@ -46,7 +48,7 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 			// holds it as a claim would find it.
 			r, wt.woken = *wt.woken, nil
 		} else {
-			r, err = c.claimOnce(ctx, cl.keys, cl.fp, first, cl.input)
+			r, err = cl.claimOnce(ctx)
 		}
 		if err != nil {
 			retry, err := cl.claimFailed(ctx, wt.seen, err)

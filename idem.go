@@ -218,7 +218,7 @@ type call struct {
 	claimArgs [3]any
 	token     string // the owner token of this call's claims
 	n         int64  // the attempt claimed
-	claimed   []byte // the record of that claim, which complete finds unchanged
+	claimed   any    // the record of that claim ([]byte, boxed once), which complete finds unchanged
 
 	// As a flight: ready is closed once res, err and retry are set; it is
 	// made, under flights.mu, when the first follower comes.

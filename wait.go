@@ -72,7 +72,7 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 				continue
 			}
 			wt.unwatch()
-			cl.n, cl.claimed = r.n, first
+			cl.n, cl.claimed = r.n, cl.claimArgs[0] // first, boxed once
 			if r.n != 1 {
 				cl.claimed = c.claimRecord(cl.fp, cl.token, r.n)
 			}

@@ -17,6 +17,9 @@ import (
 // TestAllocsOfASuccessfulCall counts allocations with testing.AllocsPerRun
 // on a real redis-server (miniredis would allocate in this process too).
 func TestAllocsOfASuccessfulCall(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
 	srv := redistest.Start(t, redistest.Config{})
 	if srv == nil {
 		return

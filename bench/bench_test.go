@@ -33,11 +33,18 @@ const goroutines = 64
 //
 // 1goroutine runs them from one goroutine, one call of each per iteration,
 // in a new random order each time, timing every call: the latency of one
-// call alone. It reports ns/op per side and the same ratios.
+// call alone. It reports ns/op per side and the same ratios: a change of
+// the machine's load falls on every side within one iteration.
+//
+// 1goroutine-phases runs them from one goroutine in phases, as
+// 64goroutines does from 64: its ns/op are noisier than 1goroutine's (a
+// change of load falls on one side's phase), but it measures the CPU time
+// per call, client and server, which timing single calls cannot.
 func BenchmarkFloors(b *testing.B) {
 	addr := redistest.Start(b, redistest.Config{}).Addr()
-	b.Run("64goroutines", func(b *testing.B) { inPhases(b, addr) })
+	b.Run("64goroutines", func(b *testing.B) { inPhases(b, addr, goroutines) })
 	b.Run("1goroutine", func(b *testing.B) { inTurns(b, addr) })
+	b.Run("1goroutine-phases", func(b *testing.B) { inPhases(b, addr, 1) })
 }
 
 // runSides returns the sides' new-key calls on addr, each on keys of its
@@ -80,15 +87,20 @@ func reportRatios(b *testing.B, nsOp [nSides]float64) {
 	b.ReportMetric(nsOp[valkeySide]/nsOp[idemSide], "idem/valkey")
 }
 
-// inPhases is BenchmarkFloors/64goroutines.
-func inPhases(b *testing.B, addr string) {
-	calls, _, names := runSides(b, addr, goroutines)
+// inPhases is BenchmarkFloors/64goroutines with n goroutines, and
+// 1goroutine-phases with 1 (the benchmark's own: benchrun.Phases' perCPU 0).
+func inPhases(b *testing.B, addr string, n int) {
+	calls, _, names := runSides(b, addr, n)
 	sides := make([]benchrun.Side, nSides)
 	for i := range sides {
 		sides[i] = benchrun.Side{Name: names[i], Call: calls[i]}
 	}
 	rng := rand.New(rand.NewPCG(uint64(benchRuns.Add(1)), 0))
-	nsOp := benchrun.Phases(b, sides, max(1, goroutines/runtime.GOMAXPROCS(0)), newGoRedis(b, addr), rng)
+	perCPU := 0
+	if n > 1 {
+		perCPU = max(1, n/runtime.GOMAXPROCS(0))
+	}
+	nsOp := benchrun.Phases(b, sides, perCPU, newGoRedis(b, addr), rng)
 	if nsOp != nil {
 		reportRatios(b, [nSides]float64(nsOp))
 	}

@@ -92,7 +92,8 @@ type Side struct {
 // or two), short beside a run (-benchtime 2s holds 100 phases).
 const PhaseLen = 20 * time.Millisecond
 
-// Phases runs the sides from perCPU goroutines per CPU in phases of
+// Phases runs the sides from perCPU goroutines per CPU (0: from one
+// goroutine, the benchmark's own) in phases of
 // PhaseLen: every goroutine makes the calls of the current side, and the
 // sides take their turns in an order that rng shuffles after every round
 // (nil: the same order every round), so that slow changes of the machine's
@@ -110,7 +111,7 @@ const PhaseLen = 20 * time.Millisecond
 func Phases(b *testing.B, sides []Side, perCPU int, server *redis.Client, rng *rand.Rand) []float64 {
 	n := len(sides)
 	var warm sync.WaitGroup
-	for range perCPU * runtime.GOMAXPROCS(0) {
+	for range max(1, perCPU*runtime.GOMAXPROCS(0)) {
 		warm.Go(func() {
 			for _, s := range sides {
 				if err := s.Call(); err != nil {
@@ -143,7 +144,9 @@ func Phases(b *testing.B, sides []Side, perCPU int, server *redis.Client, rng *r
 		cliOK, srvOK      bool
 	)
 	phase.Store(order[0])
-	b.SetParallelism(perCPU)
+	if perCPU > 0 {
+		b.SetParallelism(perCPU)
+	}
 	b.ResetTimer()
 	go func() {
 		defer close(stopped)
@@ -179,16 +182,24 @@ func Phases(b *testing.B, sides []Side, perCPU int, server *redis.Client, rng *r
 			}
 		}
 	}()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			p := phase.Load()
-			if err := sides[p].Call(); err != nil {
-				b.Error(err)
-				return
-			}
-			calls[p].Add(1)
+	call := func() bool {
+		p := phase.Load()
+		if err := sides[p].Call(); err != nil {
+			b.Error(err)
+			return false
 		}
-	})
+		calls[p].Add(1)
+		return true
+	}
+	if perCPU == 0 {
+		for i := 0; i < b.N && call(); i++ {
+		}
+	} else {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() && call() {
+			}
+		})
+	}
 	close(stop)
 	<-stopped
 	b.StopTimer()

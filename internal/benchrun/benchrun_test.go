@@ -67,29 +67,42 @@ func TestKeys(t *testing.T) {
 	}
 }
 
-// Phases gives every side phases and calls, and reports each one's
-// figures; a side that fails fails the benchmark.
+// Phases gives every side phases and calls, from one goroutine with
+// perCPU 0, and reports each one's figures; a side that fails fails the
+// benchmark.
 func TestPhases(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
 	server := srv.Client(t)
-	var a, b atomic.Int64
-	var nsOp []float64
-	res := testing.Benchmark(func(bm *testing.B) {
-		sides := []benchrun.Side{
-			{Name: "a", Call: func() error { a.Add(1); return nil }},
-			{Name: "b", Call: func() error { b.Add(1); return server.Ping(context.Background()).Err() }},
+	for _, perCPU := range []int{1, 0} { // 0: one goroutine
+		var a, b, at atomic.Int64
+		var nsOp []float64
+		res := testing.Benchmark(func(bm *testing.B) {
+			sides := []benchrun.Side{
+				{Name: "a", Call: func() error {
+					if at.Add(1) > 1 {
+						a.Store(-1 << 40) // two calls at once
+					}
+					defer at.Add(-1)
+					a.Add(1)
+					return nil
+				}},
+				{Name: "b", Call: func() error { b.Add(1); return server.Ping(context.Background()).Err() }},
+			}
+			nsOp = benchrun.Phases(bm, sides, perCPU, server, nil)
+		})
+		if a.Load() == 0 || b.Load() == 0 {
+			t.Fatalf("perCPU %d: calls: a %d, b %d; want both sides called", perCPU, a.Load(), b.Load())
 		}
-		nsOp = benchrun.Phases(bm, sides, 1, server, nil)
-	})
-	if a.Load() == 0 || b.Load() == 0 {
-		t.Fatalf("calls: a %d, b %d; want both sides called", a.Load(), b.Load())
-	}
-	if len(nsOp) != 2 || nsOp[0] <= 0 || nsOp[1] <= 0 {
-		t.Fatalf("ns/op %v, want two positive figures", nsOp)
-	}
-	for _, m := range []string{"a-ns/op", "b-ns/op", "b-srv-us/op"} {
-		if _, ok := res.Extra[m]; !ok {
-			t.Errorf("no %s in %v", m, res.Extra)
+		if perCPU == 0 && a.Load() < 0 {
+			t.Errorf("perCPU 0: two calls of a at once, want one goroutine")
+		}
+		if len(nsOp) != 2 || nsOp[0] <= 0 || nsOp[1] <= 0 {
+			t.Fatalf("perCPU %d: ns/op %v, want two positive figures", perCPU, nsOp)
+		}
+		for _, m := range []string{"a-ns/op", "b-ns/op", "b-srv-us/op", "b-cli-us/op"} {
+			if _, ok := res.Extra[m]; !ok {
+				t.Errorf("perCPU %d: no %s in %v", perCPU, m, res.Extra)
+			}
 		}
 	}
 	failed := testing.Benchmark(func(bm *testing.B) {

@@ -57,6 +57,22 @@
 #define DRIFT   1       /* a caller's clock loses up to 1 tick in any LEASE ticks */
 #define MAXR_   1
 #define RET_    8
+#elif defined(CHECKED)
+#define NC_     2
+#define LEASE_  3
+#define MARGIN_ 0
+#define DRIFT   0
+#define MAXR_   1
+#define RET_    6
+#define CHK             /* fn's step is a checked step (StepChecked), with a provider */
+#elif defined(RECOVER)
+#define NC_     3
+#define LEASE_  3
+#define MARGIN_ 0
+#define DRIFT   0
+#define MAXR_   1
+#define RET_    6
+#define REC             /* the last caller is a recoverer (Recover), that sweeps twice */
 #elif defined(RENEWALS)
 #define NC_     2
 #define LEASE_  3
@@ -130,6 +146,10 @@ hidden byte P7_cancelled_context_stays_cancelled = 1;
 hidden byte P8_waiter_outcome_from_named_owner = 1;
 hidden byte P9_step_checkpoint_once_by_owner = 1;
 hidden byte P10_no_grant_over_tombstone = 1;
+hidden byte P11_act_again_only_after_settled_not_applied = 1;
+hidden byte P12_effect_at_most_once = 1;
+hidden byte P13_parked_never_runs = 1;
+hidden byte P14_one_outcome_for_every_caller = 1;
 hidden byte WITNESS_reached = 1;
 
 /* ONLY=n: property Pn alone is checked (a mutant's run). */
@@ -179,6 +199,32 @@ bit  rtomb;      /* a tombstone: the operation completed; it outlives the record
 #define TOMBSTONE 0
 #endif
 
+#if defined(CHK) || defined(REC)
+bit  pk;         /* the operation is parked (lua/record.lua, PARKED, in the checkpoints'
+                  * hash): a claim that would take it over answers parked */
+#endif
+#ifdef CHK
+/* The checked step's field in the checkpoints' hash (lua/stepcheck.lua). */
+#define CF_NONE 0
+#define CF_INT  1   /* "i": an intent of token cfo (act may have acted) */
+#define CF_PARK 2   /* "u": parked (its outcome could not be settled) */
+#define CF_DONE 3   /* a checkpoint: act's value, or check's */
+byte cf;
+byte cfo;        /* CF_INT: the token of the attempt that stored the intent */
+bit  stl;        /* CF_INT: the intent is settled: SettleAfter has passed since it was
+                  * stored, and every request sent under it has landed or been dropped
+                  * (the provider's side of SettleAfter; model/README.md) */
+/* The provider, without idempotency keys: it applies every request it receives. */
+byte pend;       /* requests received, not yet applied nor dropped */
+byte eff;        /* requests applied: the step's effect, this many times */
+#endif
+#ifdef REC
+byte rc;         /* recoveries of the record that did not finish (WithMaxRecoveries) */
+#ifndef MAXREC
+#define MAXREC  1   /* WithMaxRecoveries in the model */
+#endif
+#endif
+
 /* Checking aids (not part of the protocol). */
 byte used;          /* P4: attempt numbers handed out while the record lives (bit n) */
 bit  ackok[NC];     /* P5: the last run of c's completion answered 1 on a record that still lives */
@@ -189,6 +235,13 @@ bit  ckw;           /* P9: a checkpoint was written in this operation (this life
 #endif
 #ifdef LIVE
 bit  completed;     /* P6: some completion was stored */
+#endif
+#ifdef CHK
+bit  sent1;         /* P11: act sent a request in this life of the record */
+bit  rearmd;        /* P11: since, a check said not applied of a settled intent (or an operator did) */
+#endif
+#ifdef REC
+byte ret1;          /* P14: the token whose outcome a Do returned first in this life of the record */
 #endif
 hidden byte clock;      /* absolute time, for trails */
 hidden byte fnage[NC];  /* W10: ticks since fn started */
@@ -275,7 +328,47 @@ byte bo;          /* the owner token in the watcher's last busy reply */
 byte sp[NC];      /* fn's step: 0 not reached, 1 ran (its checkpoint to write), 2 done */
 #endif
 
+#ifdef CHK
+/* fn's checked step (StepChecked in stepchecked.go), its phase: */
+#define CS_NO   0   /* not reached */
+#define CS_BEGW 1   /* "begin" sent (and run): its reply cr is on its way */
+#define CS_ACT  2   /* act runs: it sent its request to the provider (ra), or not */
+#define CS_REC  3   /* reconciling: check is called */
+#define CS_RARW 4   /* check said not applied: "rearm" sent (and run), its reply cr on its way */
+#define CS_DONE 5   /* the step's value is known (checkpointed, or read): fn goes on */
+byte cs[NC];
+byte cr[NC];      /* the reply of "begin" or "rearm" in flight: */
+#define CR_OK   1   /* begin: the intent is stored ("");  rearm: renewed, act runs again ({1, 0}) */
+#define CR_INT  2   /* begin: an intent found: reconcile first;  rearm: too early ({2, ms}) */
+#define CR_DONE 3   /* begin: a checkpoint found: the step's value */
+#define CR_PARK 4   /* begin: parked (the step's marker "u") */
+#define CR_NO   5   /* not the owner (0), or rearm: no intent ({3, 0}) */
+bit  ra[NC];      /* act sent its request */
+bit  old[NC];     /* its step began in an earlier life of the record, now gone */
+/* act will send under the current intent: begin or rearm answered CR_OK. */
+#define ARMED(c) ((cs[c] == CS_BEGW || cs[c] == CS_RARW) && cr[c] == CR_OK)
+/* ... in this life of the record. */
+#define ARMED_NOW(c) (ARMED(c) && !old[c])
+#endif
+
+#ifdef REC
+/* The last caller is a recoverer (Client.Recover): it sweeps the index of
+ * unfinished operations and takes one over by the same fenced claim as a
+ * caller, but never creates a record; after one recovery it may sweep
+ * again, with a new token (gen). */
+#define RECOVERER (NC - 1)
+#define ISREC(c) ((c) == RECOVERER)
+byte gen[NC];     /* a recoverer's recovery: 0 the first, 1 the second */
+#else
+#define ISREC(c) 0
+#endif
+
+#ifdef REC
+#define TOK(c)  ((c) + 1 + NC * gen[c]) /* a recoverer's second recovery has a token of its own */
+#else
 #define TOK(c)  ((c) + 1)
+#endif
+#define IDX(t)  (((t) - 1) % NC)        /* the caller that token t is of */
 #define NAME(c) ('A' + (c))
 
 /* ---- Witnesses ---------------------------------------------------------- */
@@ -354,6 +447,37 @@ inline check_P10() {
 #endif
 }
 
+#ifdef CHK
+/* P11, when act sends its request: it sent none before in this life of
+ * the record, or since the last, a check said "not applied" of a settled
+ * intent (rearm), or an operator did (ResolveNotApplied). */
+inline check_P11() {
+	assert(P11_act_again_only_after_settled_not_applied && (!ON(11) || !sent1 || rearmd));
+	sent1 = 1; rearmd = 0
+}
+/* P12, when the provider applies a request: the step's effect had not
+ * happened in this life of the record. */
+inline check_P12() {
+	assert(P12_effect_at_most_once && (!ON(12) || eff == 0))
+}
+#endif
+#if defined(CHK) || defined(REC)
+/* P13, when fn starts and when a checked step's act is let run (begin or
+ * rearm stores an intent): the operation is not parked. */
+inline check_P13() {
+	assert(P13_parked_never_runs && (!ON(13) || !pk))
+}
+#endif
+#ifdef REC
+/* P14, when a caller's Do gets an outcome (its own, acknowledged; or a
+ * replay, when its claim runs): every Do of this life of the record got
+ * this one. */
+inline check_P14(o) {
+	assert(P14_one_outcome_for_every_caller && (!ON(14) || ret1 == 0 || ret1 == (o)));
+	ret1 = (o)
+}
+#endif
+
 /* The record is gone (retention expiry, Forget): what was stored is lost by
  * design, and P4 and P5 start again. */
 inline record_gone() {
@@ -370,6 +494,18 @@ inline record_gone() {
 #endif
 #ifdef M20
 	ckk = 0;
+#endif
+#if defined(CHK) || defined(REC)
+	pk = 0;
+#endif
+#ifdef CHK
+	/* The provider's requests of this life count no more (P11, P12 are
+	 * per life: a new record's step runs act afresh, by design). */
+	cf = CF_NONE; cfo = 0; stl = 0; pend = 0; eff = 0; sent1 = 0; rearmd = 0;
+	old[0] = (cs[0] != CS_NO); old[1] = (cs[1] != CS_NO);
+#endif
+#ifdef REC
+	rc = 0; ret1 = 0;
 #endif
 	used = 0;
 	ackok[0] = 0; ackok[1] = 0 SEQ_C2(ackok[2] = 0);
@@ -398,14 +534,61 @@ inline record_gone() {
 #define LATE 0 /* M19: a claim grants over a tombstone */
 #endif
 
-/* Model: step Claim (lua/claim.lua), run el[c] ticks after it was sent. */
+#define K_PARKED 6  /* (CHK, REC) a takeover finds the operation parked: ErrParked, fn not run */
+#define K_NONE   7  /* (REC) a recovery finds no record, or a finished one: nothing to recover */
+
+/* What refuses a takeover of a parked operation (lua/claim.lua, PARKED). */
+#if defined(MC4)
+#define PARKED_REFUSES(c) 0               /* MC4: a claim takes a parked operation over */
+#elif defined(MR2)
+#define PARKED_REFUSES(c) (pk && !ISREC(c)) /* MR2: a recoverer runs a parked operation */
+#else
+#define PARKED_REFUSES(c) pk
+#endif
+#ifdef MR1
+#define REC_FENCED(c) (!ISREC(c))  /* MR1: a recoverer takes over any unfinished record, a live lease included */
+#else
+#define REC_FENCED(c) 1
+#endif
+#ifdef MR3
+#define REC_TAKES_DONE(c) ISREC(c) /* MR3: a recoverer takes over a finished record (a stale index entry) */
+#else
+#define REC_TAKES_DONE(c) 0
+#endif
+
+/* A takeover: the next attempt, with the whole lease. */
+inline take_over(c) {
+	check_P2();
+	check_P10();
+	WITNESS(4, rst == P && pc[IDX(rown)] == FN);
+#ifndef M7
+	rn = rn + 1;
+#endif
+	/* M7: a takeover keeps the attempt number */
+	check_P4(rn);
+	rst = P; rown = TOK(c); rlease = LEASE;
+#ifdef M20
+	ckk = 0;
+#endif
+#ifdef M9
+	rttl = RET;
+#endif
+#ifdef ML1
+	rremark = 0;
+#endif
+	rk[c] = K_FRESH; cdl[c] = (LEASE > MARGIN + el[c] -> LEASE - MARGIN - el[c] : 0)
+}
+
+/* Model: step Claim (lua/claim.lua), run el[c] ticks after it was sent. A
+ * recoverer's claim (REC) is the same script: it only takes records over,
+ * and counts the recoveries; past MAXREC it parks the record instead. */
 inline claim_script(c) {
 	check_P5();
 	if
 	:: LATE ->
 		WITNESS(24, 1);
 		rk[c] = K_LATE; cdl[c] = 0
-	:: rst == ABS && !LATE ->
+	:: rst == ABS && !LATE && !ISREC(c) ->
 		check_P10();
 		check_P4(1);
 		rst = P; rown = TOK(c); rn = 1; rlease = LEASE;
@@ -413,8 +596,20 @@ inline claim_script(c) {
 		rttl = RET;
 #endif
 		rk[c] = K_FRESH; cdl[c] = (LEASE > MARGIN + el[c] -> LEASE - MARGIN - el[c] : 0)
+#ifdef REC
+	:: rst == ABS && !LATE && ISREC(c) ->
+		rk[c] = K_NONE; cdl[c] = 0
+	:: rst == D && ISREC(c) && !REC_TAKES_DONE(c) ->
+		rk[c] = K_NONE; cdl[c] = 0
+	:: rst == D && !ISREC(c) ->
+		/* The outcome this reply carries, the one Do returns (P14). */
+		WITNESS(36, IDX(rown) == RECOVERER);
+		check_P14(rown);
+		rk[c] = K_DONE; cdl[c] = 0
+#else
 	:: rst == D ->
 		rk[c] = K_DONE; cdl[c] = 0
+#endif
 	:: rst == P && rown == TOK(c) ->
 		WITNESS(2, rlease == 0);
 		rk[c] = K_BEFORE;
@@ -422,7 +617,7 @@ inline claim_script(c) {
 		:: rlease > MARGIN + el[c] -> cdl[c] = rlease - MARGIN - el[c]
 		:: else -> cdl[c] = 0
 		fi
-	:: rst == P && rown != TOK(c) && rlease > LIVE_ABOVE ->
+	:: rst == P && rown != TOK(c) && rlease > LIVE_ABOVE && REC_FENCED(c) ->
 		rk[c] = K_BUSY; cdl[c] = 0
 #ifdef WAITERS
 		; if
@@ -431,25 +626,36 @@ inline claim_script(c) {
 		fi
 #endif
 	:: else -> /* TAKES_OVER(c) */
-		check_P2();
-		check_P10();
-		WITNESS(4, rst == P && pc[rown - 1] == FN);
-#ifndef M7
-		rn = rn + 1;
+#if defined(CHK) || defined(REC)
+		if
+		:: PARKED_REFUSES(c) ->
+			WITNESS(32, 1);
+			rk[c] = K_PARKED; cdl[c] = 0
+#ifdef REC
+		:: !PARKED_REFUSES(c) && !pk && ISREC(c) && rc >= MAXREC ->
+			/* WithMaxRecoveries: parked, and the lease taken away (the
+			 * record released), so that its old owner can neither renew
+			 * nor complete it (MR4: not taken away). */
+			check_P2();
+			WITNESS(34, 1);
+#ifndef MR4
+			rst = R; rlease = 0;
 #endif
-		/* M7: a takeover keeps the attempt number */
-		check_P4(rn);
-		rst = P; rown = TOK(c); rlease = LEASE;
-#ifdef M20
-		ckk = 0;
+			pk = 1;
+			rk[c] = K_PARKED; cdl[c] = 0
+		:: else ->
+			if
+			:: ISREC(c) -> rc++; WITNESS(35, rst == P)
+			:: else
+			fi;
+			take_over(c)
+#else
+		:: else -> take_over(c)
 #endif
-#ifdef M9
-		rttl = RET;
+		fi
+#else
+		take_over(c)
 #endif
-#ifdef ML1
-		rremark = 0;
-#endif
-		rk[c] = K_FRESH; cdl[c] = (LEASE > MARGIN + el[c] -> LEASE - MARGIN - el[c] : 0)
 	fi;
 	attempt[c] = rn
 }
@@ -519,6 +725,15 @@ inline complete_script(c) {
 #endif
 #ifdef STEPS
 		ck = 0; ckw = 0;
+#endif
+#if defined(CHK) || defined(REC)
+		pk = 0; /* a finished record's checkpoints (and marker) are never read */
+#endif
+#ifdef CHK
+		cf = CF_NONE; cfo = 0; stl = 0;
+#endif
+#ifdef REC
+		rc = 0;
 #endif
 #ifdef M20
 		ckk = 0;
@@ -594,6 +809,88 @@ inline checkpoint_script(c) {
 }
 #endif
 
+#ifdef CHK
+/* Model: step Checked (lua/stepcheck.lua): every operation but the
+ * operator's "resolve" is a compare-and-set on the owner's claim, in
+ * progress, as in lua/step.lua. */
+#ifdef MC3
+#define CHK_FENCE(c) 1 /* MC3: begin and rearm write without the compare-and-set on the owner token */
+#else
+#define CHK_FENCE(c) (rst == P && rown == TOK(c))
+#endif
+#define CHK_OWNS(c) (rst == P && rown == TOK(c))
+#ifdef MC1
+#define BEGIN_MINE(c) (cf == CF_INT) /* MC1: begin stores its intent over any intent: act first on a takeover */
+#else
+#define BEGIN_MINE(c) (cf == CF_INT && cfo == TOK(c))
+#endif
+#ifdef MC2
+#define REARM_SETTLED 1 /* MC2: check's "not applied" is honoured before SettleAfter */
+#else
+#define REARM_SETTLED stl
+#endif
+/* "begin": before act runs. */
+inline begin_script(c) {
+	if
+	:: !CHK_FENCE(c) ->
+		WITNESS(31, 1);
+		cr[c] = CR_NO
+	:: else ->
+		if
+		:: cf == CF_NONE || BEGIN_MINE(c) ->
+			check_P13();
+			cf = CF_INT; cfo = TOK(c); stl = 0; cr[c] = CR_OK
+		:: cf == CF_INT -> WITNESS(25, 1); cr[c] = CR_INT
+		:: cf == CF_PARK -> cr[c] = CR_PARK
+		:: cf == CF_DONE -> cr[c] = CR_DONE
+		fi
+	fi
+}
+/* "rearm": check said not applied. */
+inline rearm_script(c) {
+	if
+	:: !CHK_FENCE(c) || cf != CF_INT -> cr[c] = CR_NO
+	:: else ->
+		if
+		:: REARM_SETTLED ->
+			WITNESS(27, cfo != TOK(c));
+			check_P13();
+			rearmd = stl; /* P11: the "not applied" counts */
+			cfo = TOK(c); stl = 0; cr[c] = CR_OK
+		:: else -> WITNESS(26, 1); cr[c] = CR_INT
+		fi
+	fi
+}
+/* "store": the step's value (act's, or check's "applied") replaces the
+ * intent. 1 (the step goes on), or refused (parked, not the owner). */
+inline store_script(c) {
+	if
+	:: CHK_OWNS(c) && cf != CF_PARK ->
+		cf = CF_DONE; cfo = 0; stl = 0;
+		cs[c] = CS_DONE;
+		printf("t=%d %c: the step's value is checkpointed\n", clock, NAME(c))
+	:: else ->
+		printf("t=%d %c: the step's checkpoint is refused: the step returns an error; release sent\n", clock, NAME(c));
+		relp[c] = 1;
+		finish(c)
+	fi
+}
+/* "clear": act failed without acting. */
+inline clear_script(c) {
+	if
+	:: CHK_OWNS(c) && cf == CF_INT -> cf = CF_NONE; cfo = 0; stl = 0
+	:: else
+	fi
+}
+/* "park": ReconcileFor ended with no answer. */
+inline park_script(c) {
+	if
+	:: CHK_OWNS(c) && cf == CF_INT -> cf = CF_PARK; pk = 1
+	:: else
+	fi
+}
+#endif
+
 /* Status (lua/status.lua) only reads: no caller acts on its answer. */
 
 /* ---- The owner path (the Go code) -------------------------------------- */
@@ -602,9 +899,9 @@ inline checkpoint_script(c) {
 inline print_record() {
 	if
 	:: rst == ABS -> printf("[record absent")
-	:: rst == P -> printf("[record: in progress, owner %c, attempt %d, lease left %d", 'A' + rown - 1, rn, rlease)
-	:: rst == R -> printf("[record: released, owner %c, attempt %d", 'A' + rown - 1, rn)
-	:: rst == D -> printf("[record: done by %c, attempt %d, TTL %d", 'A' + rown - 1, rn, rttl)
+	:: rst == P -> printf("[record: in progress, owner %c, attempt %d, lease left %d", 'A' + IDX(rown), rn, rlease)
+	:: rst == R -> printf("[record: released, owner %c, attempt %d", 'A' + IDX(rown), rn)
+	:: rst == D -> printf("[record: done by %c, attempt %d, TTL %d", 'A' + IDX(rown), rn, rttl)
 	fi;
 #ifdef STEPS
 	if
@@ -628,6 +925,8 @@ inline print_claim_reply(c) {
 	:: rk[c] == K_FRESH -> printf("claimed attempt %d", rn)
 	:: rk[c] == K_BEFORE -> printf("claimed before: attempt %d, lease left %d", rn, rlease)
 	:: rk[c] == K_LATE -> printf("late retry: tombstone")
+	:: rk[c] == K_PARKED -> printf("parked")
+	:: rk[c] == K_NONE -> printf("nothing to recover")
 	fi
 }
 
@@ -689,11 +988,17 @@ inline finish(c) {
 #ifdef STEPS
 	; sp[c] = 0
 #endif
+#ifdef CHK
+	; cs[c] = CS_NO; cr[c] = 0; ra[c] = 0; old[c] = 0
+#endif
 }
-/* fn starts: P1 is checked; the waiter stops watching. */
+/* fn starts: P1 and P13 are checked; the waiter stops watching. */
 inline start_fn(c) {
 	printf("t=%d %c: fn starts as attempt %d, deadline in %d\n", clock, NAME(c), attempt[c], dl[c]);
 	check_P1(c);
+#if defined(CHK) || defined(REC)
+	check_P13();
+#endif
 	make_live(c); fnage[c] = 0; pc[c] = FN
 #ifdef WAITERS
 	; stop_watching(c)
@@ -801,6 +1106,12 @@ inline take_note(c) {
 }
 #endif
 
+#ifdef CHK
+#define FN_MAY_RETURN(c) (cs[c] == CS_DONE) /* fn returns after its checked step */
+#else
+#define FN_MAY_RETURN(c) 1
+#endif
+
 /* The caller keeps time: a deadline runs, or will be dated from a send. */
 #define TIMED(c) (pc[c] == CLAIMW || pc[c] == PRERENW || (pc[c] == FN && (live[c] || rv[S0(c)] != RV_FREE)))
 
@@ -848,6 +1159,16 @@ end:
 		:: rk[me] == K_DONE ->
 			printf("t=%d %c: reply: finished, the outcome is replayed\n", clock, NAME(me));
 			finish(me)
+#if defined(CHK) || defined(REC)
+		:: rk[me] == K_PARKED ->
+			printf("t=%d %c: reply: parked: ErrParked, fn not run\n", clock, NAME(me));
+			finish(me)
+#endif
+#ifdef REC
+		:: rk[me] == K_NONE ->
+			printf("t=%d %c: reply: no record, or a finished one: nothing to recover\n", clock, NAME(me));
+			finish(me)
+#endif
 		:: rk[me] == K_LATE ->
 			printf("t=%d %c: reply: late retry (a tombstone, no record): ErrLateRetry, fn not run\n", clock, NAME(me));
 			finish(me)
@@ -1038,11 +1359,104 @@ end:
 		printf("t=%d %c: step checkpoint lost before it runs\n", clock, NAME(me));
 		sp[me] = 2 }
 #endif
+#ifdef CHK
+	/* Model: step Checked (the owner's side: StepChecked). fn reaches its
+	 * checked step, its context live or not: "begin" is sent (and runs). */
+	:: d_step { pc[me] == FN && cs[me] == CS_NO ->
+		begin_script(me);
+		cs[me] = CS_BEGW;
+		printf("t=%d %c: checked step: begin sent\n", clock, NAME(me));
+		printf("t=%d %c:   -> %d ", clock, NAME(me), cr[me]); print_record(); printf("\n") }
+	/* begin's or rearm's reply "act may run" arrives: act runs and sends
+	 * its request (whatever fn's context: StepChecked does not look). */
+	:: d_step { pc[me] == FN && ARMED(me) ->
+		if
+		:: !old[me] ->
+			check_P11();
+			pend++;
+			printf("t=%d %c: act sends its request to the provider\n", clock, NAME(me))
+		:: else ->
+			/* The record it was let run in is gone (retention, by design:
+			 * the intent lives as long as the record): this request is of
+			 * that life, not counted in this one. */
+			WITNESS(33, 1);
+			printf("t=%d %c: act sends its request, let run in an earlier life of the record (not counted)\n", clock, NAME(me))
+		fi;
+		ra[me] = 1; cs[me] = CS_ACT; cr[me] = 0 }
+	/* ... or act fails before it sends anything. */
+	:: d_step { pc[me] == FN && ARMED(me) ->
+		ra[me] = 0; cs[me] = CS_ACT; cr[me] = 0;
+		printf("t=%d %c: act fails before it sends its request\n", clock, NAME(me)) }
+	/* Another reply of begin or rearm. */
+	:: d_step { pc[me] == FN && (cs[me] == CS_BEGW || cs[me] == CS_RARW) && cr[me] != CR_OK ->
+		if
+		:: cr[me] == CR_INT ->
+			if
+			:: cs[me] == CS_BEGW -> printf("t=%d %c: begin: an intent is stored: check first, never act first\n", clock, NAME(me))
+			:: else -> printf("t=%d %c: rearm: the intent is too young: not applied does not count yet\n", clock, NAME(me))
+			fi;
+			cs[me] = CS_REC; cr[me] = 0
+		:: cr[me] == CR_DONE ->
+			printf("t=%d %c: begin: the step's checkpoint is read; act does not run\n", clock, NAME(me));
+			cs[me] = CS_DONE; cr[me] = 0
+		:: cr[me] == CR_PARK ->
+			printf("t=%d %c: begin: the step is parked: ErrUnknownOutcome; release sent\n", clock, NAME(me));
+			relp[me] = 1;
+			finish(me)
+		:: cr[me] == CR_NO ->
+			printf("t=%d %c: begin or rearm refused (not the owner): ErrLeaseLost; release sent\n", clock, NAME(me));
+			relp[me] = 1;
+			finish(me)
+		fi }
+	/* act returns a value: its request was applied (the provider applies
+	 * one now), and the value is checkpointed. */
+	:: d_step { pc[me] == FN && cs[me] == CS_ACT && ra[me] && !old[me] && pend > 0 ->
+		printf("t=%d %c: act returns a value: the provider applied the request\n", clock, NAME(me));
+		check_P12();
+		pend--; eff++;
+		store_script(me) }
+	/* act returns an error marked Ambiguous (a timeout after sending, say):
+	 * the reconciliation starts at once. */
+	:: d_step { pc[me] == FN && cs[me] == CS_ACT ->
+		printf("t=%d %c: act returns Ambiguous: reconciliation\n", clock, NAME(me));
+		cs[me] = CS_REC }
+	/* act returns a plain error, having sent nothing (the caller's word:
+	 * the effect did not happen): the intent is cleared, fn fails. */
+	:: d_step { pc[me] == FN && cs[me] == CS_ACT && !ra[me] ->
+		printf("t=%d %c: act returns a plain error: the intent is cleared; fn fails, release sent\n", clock, NAME(me));
+		clear_script(me);
+		relp[me] = 1;
+		finish(me) }
+	/* check: applied (the provider has applied a request of the step's
+	 * reference), its value checkpointed. */
+	:: d_step { pc[me] == FN && cs[me] == CS_REC && eff > 0 ->
+		WITNESS(28, cfo != TOK(me));
+		printf("t=%d %c: check: applied\n", clock, NAME(me));
+		store_script(me) }
+	/* check: not applied (nothing applied yet; requests may be on their
+	 * way): rearm is sent (and runs). */
+	:: d_step { pc[me] == FN && cs[me] == CS_REC && eff == 0 ->
+		rearm_script(me);
+		cs[me] = CS_RARW;
+		printf("t=%d %c: check: not applied; rearm sent\n", clock, NAME(me));
+		printf("t=%d %c:   -> %d ", clock, NAME(me), cr[me]); print_record(); printf("\n") }
+	/* (check: unknown, or an error: check again, later.) ReconcileFor
+	 * ends: the step is parked, fn returns ErrUnknownOutcome, release. */
+	:: d_step { pc[me] == FN && cs[me] == CS_REC ->
+		park_script(me);
+		printf("t=%d %c: ReconcileFor ends: the step is parked; ErrUnknownOutcome, release sent ", clock, NAME(me));
+		print_record(); printf("\n");
+		relp[me] = 1;
+		finish(me) }
+#endif
 	/* Model: step Complete (the owner's side). fn returns a result or a
 	 * permanent error, its context live or not: the renewals stop, the
 	 * completion is sent (and runs). */
-	:: d_step { pc[me] == FN ->
+	:: d_step { pc[me] == FN && FN_MAY_RETURN(me) ->
 		clear_renewals(me); live[me] = 0; dl[me] = 0; fgt[me] = 0;
+#ifdef CHK
+		cs[me] = CS_NO; cr[me] = 0; ra[me] = 0; old[me] = 0;
+#endif
 #ifdef LIVE
 		fnt[me] = 0;
 #endif
@@ -1073,6 +1487,12 @@ end:
 		WITNESS(7, rk[me] == 0);
 		if
 		:: rk[me] -> acked[me] = ackok[me];
+#ifdef REC
+			if
+			:: ackok[me] && !ISREC(me) -> check_P14(TOK(me))
+			:: else
+			fi;
+#endif
 			printf("t=%d %c: completion acknowledged: Do returns the result\n", clock, NAME(me))
 		:: else ->
 			printf("t=%d %c: completion refused: ErrLeaseLost\n", clock, NAME(me))
@@ -1089,6 +1509,13 @@ end:
 		printf("t=%d %c: the background release runs\n", clock, NAME(me));
 		release_script(me);
 		printf("t=%d %c:   -> ", clock, NAME(me)); print_record(); printf("\n") }
+#endif
+#ifdef REC
+	/* The recoverer sweeps again: a second recovery, with a token of its
+	 * own (its first ended, its release run). */
+	:: d_step { pc[me] == END && ISREC(me) && gen[me] == 0 && !relp[me] && !acked[me] ->
+		gen[me] = 1; pc[me] = IDLE;
+		printf("t=%d %c: the recoverer sweeps again (a new recovery)\n", clock, NAME(me)) }
 #endif
 #if DRIFT > 0
 	/* The caller's clock runs slow: it loses the next tick (at most one in
@@ -1198,6 +1625,13 @@ inline tick_caller(c) {
 #endif
 
 #define MAY_EXPIRE ((rst == P && rlease == 0) || rst == R)
+#ifdef CHK
+#ifdef MC5
+#define NOT_ARMED 1
+#else
+#define NOT_ARMED (!ARMED_NOW(0) && !ARMED_NOW(1))
+#endif
+#endif
 
 active proctype Clock() {
 	byte k;
@@ -1258,6 +1692,41 @@ end:
 		printf("t=%d   the step checkpoints expire before their record\n", clock);
 		ck = 0 }
 #endif
+#ifdef CHK
+	/* The provider applies a request it received, or drops it (it will
+	 * never apply it), at any time. */
+	:: d_step { pend > 0 ->
+		WITNESS(29, !ra[0] && !ra[1]);
+		printf("t=%d   the provider applies a request\n", clock);
+		check_P12();
+		pend--; eff++ }
+	:: d_step { pend > 0 ->
+		printf("t=%d   the provider drops a request (it will never apply it)\n", clock);
+		pend-- }
+	/* The intent settles: SettleAfter has passed since it was stored, and
+	 * every request sent under it has landed or been dropped. (MC5: it may
+	 * settle while act is about to send under it.) */
+	:: d_step { cf == CF_INT && !stl && pend == 0 && NOT_ARMED ->
+		printf("t=%d   the intent settles (SettleAfter has passed)\n", clock);
+		stl = 1 }
+	/* Model: step Resolve. An operator settles a parked step, after asking
+	 * the provider: applied, with its value (Resolve), or not applied and
+	 * never to be (ResolveNotApplied; with nothing on its way). */
+	:: d_step { cf == CF_PARK && (rst == P || rst == R) && eff > 0 ->
+		printf("t=%d   an operator resolves the step: applied (Resolve)\n", clock);
+		cf = CF_DONE; pk = 0 }
+	:: d_step { cf == CF_PARK && (rst == P || rst == R) && eff == 0 && pend == 0 && !ARMED_NOW(0) && !ARMED_NOW(1) ->
+		WITNESS(30, 1);
+		printf("t=%d   an operator resolves the step: not applied (ResolveNotApplied)\n", clock);
+		cf = CF_NONE; pk = 0; rearmd = 1 }
+#endif
+#ifdef REC
+	/* Model: step Retry. An operator un-parks the operation. */
+	:: d_step { pk && (rst == P || rst == R) ->
+		WITNESS(37, 1);
+		printf("t=%d   an operator un-parks the operation (Retry)\n", clock);
+		pk = 0; rc = 0 }
+#endif
 #ifdef TOMB
 	/* Model: step Tombstone. The tombstone outlives the record, then
 	 * expires. */
@@ -1265,10 +1734,10 @@ end:
 		printf("t=%d   the tombstone expires\n", clock);
 		rtomb = 0 }
 #endif
-#if !defined(LIVE) && !defined(NOFORGET)
+#if !defined(LIVE) && !defined(NOFORGET) && !defined(CHK) && !defined(REC)
 	/* Model: step Forget: the record and its tombstone. */
 	:: d_step { rst != ABS || TOMBSTONE ->
-		WITNESS(6, rst == P && live[rown - 1]);
+		WITNESS(6, rst == P && live[IDX(rown)]);
 		printf("t=%d   Forget deletes the record: ", clock); print_record();
 		if
 		:: rst == P -> printf("; its claims are exempt from P1 from now on\n")

@@ -28,8 +28,9 @@
  * once its TTL has passed; Forget deletes it at any time. A caller's clock
  * may run slow (DRIFT): it loses up to DRIFT ticks in any LEASE ticks.
  *
- * Configurations (below): the default (main), RENEWALS, FINE and LIVE.
- * Other switches: M1..M20 and ML1 (known-bad variants: the
+ * Configurations (below): the default (main), RENEWALS, FINE, CHECKED (a
+ * checked step and its provider), RECOVER (a recoverer) and LIVE.
+ * Other switches: M1..M20, ML1, MC1..MC5 and MR1..MR4 (known-bad variants: the
  * mutants), WIT=n (reachability witness Wn), NOFORGET (no Forget: the
  * mutants' runs, so that their counterexamples need no operator's action),
  * ONLY=n (check property Pn alone: a mutant must be refuted by the
@@ -41,8 +42,11 @@
  * one renewal in flight at a time, waiters and tombstones. RENEWALS: 2
  * callers, lease 3 ticks, two renewals in flight, steps and tombstones.
  * FINE: 2 callers, lease 6 ticks, margin 1, clocks that drift, one renewal
- * in flight. LIVE: the restricted run for P6. Every configuration but LIVE
- * has every fault above. */
+ * in flight. CHECKED: 2 callers, lease 3 ticks, one renewal in flight, fn's
+ * one step a checked step (no waiters, tombstones or Forget). RECOVER: 2
+ * callers and a recoverer, lease 3 ticks, one renewal in flight (no steps,
+ * waiters, tombstones or Forget). LIVE: the restricted run for P6. Every
+ * configuration but LIVE has every fault above. */
 #if defined(LIVE)
 #define NC_     3
 #define LEASE_  6       /* a lease of 6 ticks, so that replies may come a tick late */

@@ -80,14 +80,20 @@ func TestDetachedHandlerBounds(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be *backend) {
 		writes := make(chan error, 1)
 		timedOut := make(chan error, 1)
+		// The client leaves once its handler has started (leave), not on
+		// a timer: with a 100ms client timeout, a loaded machine (load
+		// 21) let the client go before the request reached a handler,
+		// which then never ran.
+		started, left := make(chan struct{}, 4), make(chan struct{})
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			started <- struct{}{}
 			if r.URL.Path == "/wait" {
 				<-r.Context().Done()
 				timedOut <- context.Cause(r.Context())
 				w.WriteHeader(http.StatusServiceUnavailable)
 				return
 			}
-			time.Sleep(300 * time.Millisecond)
+			<-left
 			w.WriteHeader(http.StatusOK)
 			_, err := w.Write(make([]byte, 4096))
 			writes <- err
@@ -96,10 +102,35 @@ func TestDetachedHandlerBounds(t *testing.T) {
 		srv := serve(t, httpidem.New(c, httpidem.WithLogger(nil), httpidem.WithMaxResponse(1024),
 			httpidem.WithHandlerTimeout(time.Second))(h))
 		hc := httpClient(t)
-		hc.Timeout = 100 * time.Millisecond
-		if _, err := trySend(hc, srv.URL, req{key: "big"}); err == nil {
-			t.Fatal("the client got an answer before its timeout")
+		leave := func(path, key string) error {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			r, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set(httpidem.HeaderIdempotencyKey, key)
+			sent := make(chan error, 1)
+			go func() {
+				resp, err := hc.Do(r)
+				if err == nil {
+					_ = resp.Body.Close()
+				}
+				sent <- err
+			}()
+			recv(t, started)
+			cancel()
+			return recv(t, sent)
 		}
+		if err := leave("/debits", "big"); err == nil {
+			t.Fatal("the client got an answer before it left")
+		}
+		// The server notices the closed connection in its own time: the
+		// handler writes 300ms after the client left, as it wrote 200ms
+		// after the client's timeout before.
+		time.Sleep(300 * time.Millisecond)
+		close(left)
 		if err := recv(t, writes); err == nil {
 			t.Fatal("a detached handler's streamed write succeeded after its client had gone")
 		}
@@ -108,10 +139,9 @@ func TestDetachedHandlerBounds(t *testing.T) {
 			t.Fatalf("retry: %d %s; want 500 ProblemNotStored", a.status, a.body)
 		}
 
-		hc.Timeout = 100 * time.Millisecond
 		start := time.Now()
-		if _, err := trySend(hc, srv.URL, req{path: "/wait", key: "wait"}); err == nil {
-			t.Fatal("the client got an answer before its timeout")
+		if err := leave("/wait", "wait"); err == nil {
+			t.Fatal("the client got an answer before it left")
 		}
 		if err := recv(t, timedOut); !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "WithHandlerTimeout") {
 			t.Fatalf("the handler's context ended with %v; want WithHandlerTimeout's", err)

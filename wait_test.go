@@ -340,16 +340,25 @@ func TestRecordExpiresWhileWaiting(t *testing.T) {
 	b := idemtest.Redis(t, redistest.Config{})
 	c := b.Idem(t, idem.WithWait(10*time.Second), idem.WithPollInterval(20*time.Millisecond))
 	rk := idem.RecordKey(c, "k")
-	// A dead owner's claim with an hour of lease left, deleted 200ms after
-	// the waiter started (by Forget, or evicted under a volatile-* policy).
+	// A dead owner's claim with an hour of lease left, deleted a second
+	// after the waiter started (by Forget, or evicted under a volatile-*
+	// policy). The Client is warm (connected, scripts loaded), so that its
+	// claim comes before the delete: with a cold Client and 200ms, a
+	// loaded machine (load 21) deleted the record first, and fn ran.
+	var l idemtest.Runs
+	if _, err := c.Do(context.Background(), "warm", "fp", l.Fn("warm")); err != nil {
+		t.Fatal(err)
+	}
 	b.Do(t, "SET", rk, idemtest.InProgress("dead", 3, 2*time.Hour, time.Hour), "PX", 2*time.Hour.Milliseconds())
 	rdb := b.Client(t)
-	time.AfterFunc(200*time.Millisecond, func() {
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(time.Second, func() {
 		if err := rdb.Del(context.Background(), rk).Err(); err != nil {
 			t.Errorf("delete the record: %v", err)
 		}
 	})
-	var l idemtest.Runs
 	_, err := c.Do(context.Background(), "k", "fp", l.Fn("x"))
 	if !errors.Is(err, idem.ErrExpired) || !strings.Contains(err.Error(), "attempt 3") {
 		t.Fatalf("got %v, want ErrExpired naming attempt 3", err)

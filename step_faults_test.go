@@ -68,7 +68,9 @@ func reserveAndCharge(runs *stepRuns, own *idemtest.Owners, entered, release cha
 func TestStepTakeoverAfterLostLease(t *testing.T) {
 	t.Parallel()
 	b := idemtest.Redis(t, redistest.Config{})
-	const lease = time.Second
+	// Two seconds: the stale owner's claim must come back with time to
+	// start fn, also on a loaded machine (load 20 and 4 busy loops).
+	const lease = 2 * time.Second
 	ctx := context.Background()
 	in := faultconn.New(faultconn.Rule{Match: idemtest.IsScript(t, "renew"), Action: faultconn.CloseBefore})
 	stale := idemtest.Faulty(t, b, in, idemtest.NoRetry, idem.WithLease(lease), idem.WithWait(0))
@@ -82,7 +84,13 @@ func TestStepTakeoverAfterLostLease(t *testing.T) {
 		v, err := idem.Do(ctx, stale, "k", "fp", reserveAndCharge(&runs, &own, aEntered, aRelease))
 		aDone <- stepOutcome{v, err}
 	}()
-	<-aEntered
+	select {
+	case <-aEntered:
+	case r := <-aDone:
+		t.Fatalf("the first owner returned %q, %v before step charge", r.v, r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first owner did not reach step charge in 30s")
+	}
 	idemtest.Eventually(t, 10*time.Second, "the stale owner's lease to end on the server", func() bool {
 		return idemtest.LeaseLeft(t, b, "k") < 0
 	})

@@ -90,6 +90,13 @@ const (
 	// is parked). One event per reconciliation; a reconciliation that
 	// fn's context cut short makes none. A step, not an outcome.
 	EventReconciled
+	// EventRecovered: a Recover loop finished an operation that its caller
+	// had left unfinished (see Client.Recover), with a result or a
+	// permanent failure. Not a call's: it follows the events of the
+	// recovery's own call (a takeover, then its outcome). A step, not an
+	// outcome. A recovery that parks the operation (WithMaxRecoveries)
+	// reports EventParked, with Err matching ErrParked.
+	EventRecovered
 )
 
 var kindNames = [...]string{
@@ -109,6 +116,7 @@ var kindNames = [...]string{
 	EventLedgerReplayed: "ledger_replayed",
 	EventParked:         "parked",
 	EventReconciled:     "reconciled",
+	EventRecovered:      "recovered",
 }
 
 // String returns the kind's name in snake case, such as "lease_lost",
@@ -122,9 +130,9 @@ func (k EventKind) String() string {
 
 // Outcome reports whether k is the outcome of a call (every call has
 // exactly one), not a step on its way (EventWaited, EventTookOver,
-// EventReconciled).
+// EventReconciled, EventRecovered).
 func (k EventKind) Outcome() bool {
-	return k != EventWaited && k != EventTookOver && k != EventReconciled && k != 0 && int(k) < len(kindNames)
+	return k != EventWaited && k != EventTookOver && k != EventReconciled && k != EventRecovered && k != 0 && int(k) < len(kindNames)
 }
 
 // Ran reports whether a call with outcome k ran fn: executed, failed,
@@ -254,7 +262,7 @@ func (o logObserver) Observe(ctx context.Context, e Event) {
 	switch e.Kind {
 	case EventLeaseLost, EventNotRecorded, EventParked:
 		level = slog.LevelError
-	case EventTookOver, EventError, EventInProgress, EventLedgerReplayed, EventReconciled:
+	case EventTookOver, EventError, EventInProgress, EventLedgerReplayed, EventReconciled, EventRecovered:
 		level = slog.LevelWarn
 	}
 	if !o.l.Enabled(ctx, level) {

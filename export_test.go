@@ -137,3 +137,16 @@ func TombstoneCompletion(c *Client, key, fp, token string, res []byte) (claimed 
 	return claimed, []string{ks[0], ks[1], c.tomb.base(c.cfg.prefix, ks[0])},
 		[]any{claimed, record, c.retentionMs, c.publish, tombstoneField(ks[0]), c.tomb.span, c.tomb.window}
 }
+
+// PendingKey is the key of the index bucket that holds key's entry while
+// its registered operation is unfinished.
+func PendingKey(c *Client, key string) string { return c.pendingKey(c.recordKey(key)) }
+
+// PendingBuckets is the keys of every bucket of c's index.
+func PendingBuckets(c *Client) []string {
+	ks := make([]string, c.buckets())
+	for b := range ks {
+		ks[b] = c.bucketKey(b)
+	}
+	return ks
+}

@@ -58,7 +58,13 @@ type Client struct {
 	closed atomic.Bool
 
 	opsMu sync.Mutex
-	ops   map[string]any // the registered operations by name (Register), guarded by opsMu
+	ops   map[string]recoverer // the registered operations by name (Register), guarded by opsMu
+
+	// Boxed script arguments of registered operations: the lease plus
+	// WithRecoverAfter, in ms (a claim is due for recovery then),
+	// WithRecoverAfter in ms, and WithMaxRecoveries.
+	dueMs, recoverMs, maxRecoveries any
+	cluster                         bool // rdb is a *redis.ClusterClient
 }
 
 // New returns a Client that stores its records in rdb, which may be a
@@ -97,9 +103,12 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c.scripts = pipeline.NewRunner(rdb, cfg.pipelines, &c.bg)
 	c.renewals.c, c.renewals.every = c, cfg.lease/3
 	if _, ok := rdb.(*redis.ClusterClient); ok {
+		c.cluster = true
 		c.publish = "SPUBLISH"
 		c.tomb.buckets = 16384
 	}
+	c.dueMs, c.recoverMs = (cfg.lease + cfg.recoverAfter).Milliseconds(), cfg.recoverAfter.Milliseconds()
+	c.maxRecoveries = cfg.maxRecoveries
 	c.hub = notify.New(rdb)
 	if rdb != nil {
 		c.policy.start(c, cfg.policyEvery)
@@ -180,10 +189,12 @@ func AttemptFrom(ctx context.Context) (Attempt, bool) {
 // result slice: treat it as read-only.
 func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) ([]byte, error)) (res []byte, err error) {
 	cl := &call{c: c, key: key, fn: fn}
-	if in, ok := ctx.Value(inputKey{}).([]byte); ok && in != nil {
-		// Op.Do's input: for this call only, not for calls that fn makes.
-		cl.input = in
-		ctx = context.WithValue(ctx, inputKey{}, []byte(nil))
+	if op, ok := ctx.Value(inputKey{}).(*opCall); ok && op != nil {
+		// Op.Do's input, or a recovery's: for this call only, not for
+		// calls that fn makes.
+		cl.op = op
+		op.key = key
+		ctx = context.WithValue(ctx, inputKey{}, (*opCall)(nil))
 	}
 	if !c.observed() {
 		return cl.do(ctx, fingerprint)
@@ -204,7 +215,7 @@ type call struct {
 	key   string
 	fp    string // the fingerprint's digest
 	fn    func(context.Context) ([]byte, error)
-	input []byte     // a registered operation's input (Op.Do), stored with the claim; nil for Do
+	op    *opCall    // a registered operation's (Op.Do, or a recovery); nil for Do
 	until time.Time  // the end of the caller's wait (WithWait)
 	notes *callNotes // for the observers; nil when nobody observes the call
 
@@ -239,6 +250,11 @@ func (cl *call) do(ctx context.Context, fingerprint string) ([]byte, error) {
 	}
 	cl.fp = digest(fingerprint)
 	cl.until = time.Now().Add(cl.c.cfg.wait)
+	if cl.op != nil && cl.op.recovery {
+		// A recovery waits for no live owner: it comes back later.
+		cl.until = time.Now()
+		return cl.c.flights.do(ctx, cl)
+	}
 	if d := cl.c.cfg.detach; d > 0 {
 		return cl.detached(ctx, d)
 	}

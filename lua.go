@@ -35,6 +35,8 @@ var (
 	stepSrc string
 	//go:embed lua/stepcheck.lua
 	stepCheckSrc string
+	//go:embed lua/retry.lua
+	retrySrc string
 
 	claimScript     = newScript(claimSrc)
 	completeScript  = newScript(completeSrc)
@@ -44,6 +46,7 @@ var (
 	forgetScript    = newScript(forgetSrc)
 	stepScript      = newScript(stepSrc)
 	stepCheckScript = newScript(stepCheckSrc)
+	retryScript     = newScript(retrySrc)
 )
 
 // newScript inserts the helpers of lua/record.lua into a script where it
@@ -67,24 +70,30 @@ const (
 // record's and its steps' checkpoints', and its claimArgs (see claim). The
 // first of those, the record that a claim of a new key writes
 // (claimRecord of attempt 1), also tells the script the call's
-// fingerprint, owner token and lease. A registered operation's input
-// (Op.Do), when not nil, is stored beside the record in the same script.
+// fingerprint, owner token and lease. A registered operation's call
+// (cl.op: Op.Do, or a recovery) stores its input beside the record and
+// indexes it, in the same script.
 func (cl *call) claimOnce(ctx context.Context) (claimReply, error) {
-	c, keys, fp, input := cl.c, cl.claimKeys, cl.fp, cl.input
+	c, keys, fp, op := cl.c, cl.claimKeys, cl.fp, cl.op
 	first := cl.claimArgs[0]
 	var v any
 	var err error
 	// The steps' checkpoints ride along: a takeover resets their TTL with
 	// the record's (see lua/claim.lua).
-	if input != nil {
+	if op != nil {
 		ks := []string{keys[0], keys[1]}
 		var tk, tf any = "", ""
 		if c.tomb.on {
 			ks = append(ks, c.tomb.base(c.cfg.prefix, keys[0]))
 			tk, tf = tombstoneField(keys[0]), fp[:min(len(fp), 8)]
 		}
-		ks = append(ks, keys[0]+inputSuffix)
-		v, err = c.write(ctx, claimScript, ks, first, c.retentionMs, c.ages, tk, tf, input).Result()
+		ks = append(ks, keys[0]+inputSuffix, c.pendingKey(keys[0]))
+		var max any = ""
+		if op.recovery {
+			max = c.maxRecoveries
+		}
+		v, err = c.write(ctx, claimScript, ks, first, c.retentionMs, c.ages, tk, tf, op.input,
+			op.key, c.dueMs, max).Result()
 	} else if c.tomb.on {
 		tkeys := []string{keys[0], keys[1], c.tomb.base(c.cfg.prefix, keys[0])}
 		v, err = c.write(ctx, claimScript, tkeys, first, c.retentionMs, c.ages,

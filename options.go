@@ -36,6 +36,8 @@ type config struct {
 	ledger        Ledger        // nil: none
 	ledgerLookups bool          // look up before every fn, not only takeovers
 	detach        time.Duration // run fn detached from the caller's context, for at most this; 0 = not detached
+	recoverAfter  time.Duration // an unfinished registered operation waits this long for its caller
+	maxRecoveries int           // recoveries that do not finish an operation before it is parked
 	problems      []string
 }
 
@@ -53,6 +55,8 @@ func defaultConfig() config {
 		maxKeyLen:     512,
 		maxResultSize: 1 << 20,
 		pipelines:     defaultPipelines,
+		recoverAfter:  defaultRecoverAfter,
+		maxRecoveries: defaultMaxRecoveries,
 		logger:        slog.New(slogdefault.Handler{}),
 	}
 }
@@ -317,6 +321,43 @@ func WithDetach(max time.Duration) Option {
 			return
 		}
 		c.detach = max
+	}
+}
+
+// The defaults of WithRecoverAfter and WithMaxRecoveries.
+const (
+	defaultRecoverAfter  = time.Minute
+	defaultMaxRecoveries = 5
+)
+
+// WithRecoverAfter sets how long an unfinished registered operation
+// (Register) waits for its caller before a Recover loop takes it over: from
+// the end of its lease, or from its release (fn failed transiently). d must
+// be positive.
+// The default is one minute.
+func WithRecoverAfter(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.problem("WithRecoverAfter(%v): must be positive", d)
+			return
+		}
+		c.recoverAfter = d
+	}
+}
+
+// WithMaxRecoveries sets how many recoveries (Recover) may take a
+// registered operation over without finishing it: after n, it is parked
+// (StateParked; Do returns an error matching ErrParked without running fn)
+// until Retry or Forget. A caller's own Do that claims it counts from 0
+// again. n must be between 1 and 255.
+// The default is 5.
+func WithMaxRecoveries(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > 255 {
+			c.problem("WithMaxRecoveries(%d): must be between 1 and 255", n)
+			return
+		}
+		c.maxRecoveries = n
 	}
 }
 

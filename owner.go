@@ -298,7 +298,20 @@ func (cl *call) complete(ctx context.Context, record []byte, free func(), ttlMs 
 func (cl *call) release(ctx context.Context, unknown bool) {
 	c := cl.c
 	dctx := c.bounds.detached(ctx)
-	err := c.scripts.Run(dctx, releaseScript, cl.keys, cl.token, c.publish).Err()
+	var cmd *redis.Cmd
+	if cl.op != nil {
+		// A registered operation's release indexes it as due, or parks
+		// it (see lua/release.lua).
+		rk := cl.keys[0]
+		ks := []string{rk, cl.keys[1], rk + stepsSuffix, rk + inputSuffix, c.pendingKey(rk)}
+		cmd = c.scripts.Run(dctx, releaseScript, ks, cl.token, c.publish, cl.key, c.recoverMs, c.maxRecoveries)
+		if n, _ := cmd.Int64(); n == 2 {
+			cl.op.parked = true
+		}
+	} else {
+		cmd = c.scripts.Run(dctx, releaseScript, cl.keys, cl.token, c.publish)
+	}
+	err := cmd.Err()
 	switch {
 	case err == nil:
 	case unknown:
@@ -361,15 +374,15 @@ const maxBackgroundReleases = 1024
 // arguments when the Client leaves tombstones.
 func (cl *call) completeScript(ctx context.Context, record []byte, ttlMs any) *redis.Cmd {
 	c, keys := cl.c, cl.keys
-	if cl.input != nil {
+	if cl.op != nil {
 		ks := []string{keys[0], keys[1]}
 		var tf, span, window any = "", "", ""
 		if c.tomb.on {
 			ks = append(ks, c.tomb.base(c.cfg.prefix, keys[0]))
 			tf, span, window = tombstoneField(keys[0]), c.tomb.span, c.tomb.window
 		}
-		ks = append(ks, keys[0]+inputSuffix)
-		return c.write(ctx, completeScript, ks, cl.claimed, record, ttlMs, c.publish, tf, span, window, "1")
+		ks = append(ks, keys[0]+inputSuffix, c.pendingKey(keys[0]))
+		return c.write(ctx, completeScript, ks, cl.claimed, record, ttlMs, c.publish, tf, span, window, "1", cl.key)
 	}
 	if !c.tomb.on {
 		return c.write(ctx, completeScript, keys, cl.claimed, record, ttlMs, c.publish)

@@ -108,6 +108,7 @@ const (
 	replyLateRetry replyKind = 't' // no record, but its tombstone (WithTombstones)
 	replyBadRecord replyKind = 'v' // a record this version does not understand
 	replyParked    replyKind = 'k' // the operation is parked: nobody takes it over
+	replyGone      replyKind = 'g' // a recovery's: nothing left to recover
 )
 
 // claimReply is a decoded reply of lua/claim.lua.
@@ -287,7 +288,7 @@ func parseClaim(v []any) (claimReply, error) {
 			return bad()
 		}
 		r.n, r.leaseLeft = a, time.Duration(b)*time.Millisecond
-	case replyLateRetry:
+	case replyLateRetry, replyGone:
 		if len(v) != 1 {
 			return bad()
 		}

@@ -222,6 +222,14 @@ func (cl *call) renew(ctx context.Context) (renewed bool, sent int64, err error)
 	// The steps' checkpoints are renewed with the record: a checkpoint
 	// must last as long as the record it belongs to, however long fn runs
 	// after it (see lua/step.lua).
-	n, err := c.scripts.Run(ctx, renewScript, cl.claimKeys, cl.token, c.leaseMs, c.retentionMs).Int64()
+	var n int64
+	if cl.op != nil {
+		// A registered operation's renewal moves its index entry: due
+		// when the new lease and WithRecoverAfter have passed.
+		rk := []string{cl.claimKeys[0], cl.claimKeys[1], c.pendingKey(cl.claimKeys[0])}
+		n, err = c.scripts.Run(ctx, renewScript, rk, cl.token, c.leaseMs, c.retentionMs, cl.key, c.dueMs).Int64()
+	} else {
+		n, err = c.scripts.Run(ctx, renewScript, cl.claimKeys, cl.token, c.leaseMs, c.retentionMs).Int64()
+	}
 	return err == nil && n == 1, sent, err
 }

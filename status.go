@@ -31,7 +31,10 @@ const (
 	// the operation is parked until an operator resolves the step
 	// (Status.Step names it; Resolve, ResolveNotApplied): every Do of the
 	// key returns an error matching ErrUnknownOutcome and ErrParked, and
-	// no attempt runs the step's act or check.
+	// no attempt runs the step's act or check. Or (Status.Step "") a
+	// registered operation that WithMaxRecoveries recoveries did not
+	// finish: every Do returns an error matching ErrParked without running
+	// fn, and Recover leaves it, until Retry (or Forget).
 	StateParked
 )
 
@@ -111,6 +114,8 @@ func (c *Client) parked(ctx context.Context, key string, st Status) (Status, err
 	if len(names) > 0 {
 		slices.Sort(names)
 		st.State, st.Step = StateParked, names[0]
+	} else if cps[parkedField] == "k" {
+		st.State = StateParked // by its recoveries (WithMaxRecoveries)
 	}
 	return st, nil
 }
@@ -191,7 +196,7 @@ func (c *Client) Forget(ctx context.Context, key string) error {
 		return err
 	}
 	rk := c.recordKey(key)
-	err := forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix, c.tomb.base(c.cfg.prefix, rk), rk + inputSuffix}, tombstoneField(rk)).Err()
+	err := forgetScript.Run(ctx, c.rdb, []string{rk, rk + stepsSuffix, c.tomb.base(c.cfg.prefix, rk), rk + inputSuffix, c.pendingKey(rk)}, tombstoneField(rk), key).Err()
 	if err != nil {
 		return fmt.Errorf("idem: forget key %q: %w", key, err)
 	}

@@ -89,9 +89,15 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 		case replyBadRecord:
 			return nil, false, fmt.Errorf("%w: key %q: %s", ErrCorrupt, key, r.payload)
 		case replyParked:
+			if r.payload == "" {
+				// Parked by its recoveries (WithMaxRecoveries): Retry.
+				return nil, false, fmt.Errorf("%w: key %q: parked after attempt %d, as WithMaxRecoveries recoveries did not finish it; fn does not run (Retry runs it again)", ErrParked, key, r.n)
+			}
 			// fn does not run: the parked step is settled by an operator.
 			return nil, false, &parkedError{key: key, name: r.payload,
 				why: fmt.Sprintf("parked after attempt %d; fn does not run", r.n)}
+		case replyGone:
+			return nil, false, errNothingToRecover
 		}
 		// replyBusy: another owner holds a live lease.
 		if retry, err := cl.await(ctx, &wt, r); err != nil {

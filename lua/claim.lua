@@ -22,10 +22,18 @@
 --          the first 8 bytes of the caller's fingerprint digest ("" = not
 --          checked). The tombstone is looked for in the windows of every
 --          span that left tombstones, not only the caller's.
--- KEYS[#KEYS], ARGV[6]  for a registered operation (Op.Do) only: the key of
---          its stored input, <prefix>:{<key>}:in, and the input (msgpack);
---          without tombstones ARGV[4..5] are "". A claim stores the input
---          beside the record, with the record's TTL, in the same round trip.
+-- KEYS[#KEYS-1], KEYS[#KEYS], ARGV[6..9]  for a registered operation
+--          (Op.Do, or a recovery) only: the key of its stored input,
+--          <prefix>:{<key>}:in, and of its bucket of the index of unfinished
+--          operations (lua/record.lua, "The index"); the input as stored
+--          (lua/record.lua), or "" for a recovery, which keeps it; the
+--          index's member (the key); WithRecoverAfter in milliseconds; and
+--          for a recovery only, WithMaxRecoveries ("" for Op.Do). Without
+--          tombstones ARGV[4..5] are "". A claim stores the input beside the
+--          record, with the record's TTL, and indexes the operation as due
+--          when its lease and WithRecoverAfter have passed, in the same
+--          round trip. A recovery counts itself in the input's header; one
+--          beyond WithMaxRecoveries parks the operation instead.
 --
 -- Returns one of (the usual answers are scalars: Redis converts a Lua
 -- table to a reply at a cost that counts on a path this short):
@@ -52,8 +60,11 @@
 --   {"v", reason}          the record is not one this version understands.
 --   {"k", n, step}         parked (lua/record.lua, PARKED): the record is
 --                          released or its lease ended, and its operation
---                          is parked at the checked step called step; no
---                          one takes it over until an operator resolves it.
+--                          is parked at the checked step called step ("":
+--                          after WithMaxRecoveries recoveries); no one takes
+--                          it over until an operator resolves it (Retry).
+--   {"g"}                  a recovery only: nothing to recover (no record,
+--                          or no stored input); its index entry is removed.
 --
 -- No record is written unless the caller claims, and then in one SET (a
 -- late retry only counts itself, beside the tombstones). A new key costs
@@ -61,8 +72,12 @@
 -- the helpers of lua/record.lua, which are inserted below: defining them
 -- (Lua closures) costs every call that reaches them.
 local s = redis.pcall('GET', KEYS[1])
-local inKey = ARGV[6] and KEYS[#KEYS]
+local inKey = ARGV[6] and KEYS[#KEYS - 1]
 if not s then
+  if ARGV[9] and ARGV[9] ~= '' then
+    redis.call('ZREM', KEYS[#KEYS], ARGV[7])
+    return {'g'}
+  end
   if KEYS[3] and KEYS[3] ~= inKey then
     --[[lua/tombstone.lua]]
     local v = tombLookup(KEYS[3], ARGV[4])
@@ -87,11 +102,21 @@ if not s then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if inKey then
     redis.call('SET', inKey, ARGV[6], 'PX', ARGV[2])
+    -- Indexed (lua/record.lua, pendingAdd; its helpers are not defined
+    -- on this path).
+    local t = redis.call('TIME')
+    redis.call('ZADD', KEYS[#KEYS], t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[8], ARGV[7])
+    if redis.call('PTTL', KEYS[#KEYS]) < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', KEYS[#KEYS], ARGV[2])
+    end
   end
   return 1
 end
 local st = type(s) == 'string' and string.sub(s, 2, 2)
 if st == 'd' or st == 'f' then
+  if ARGV[9] and ARGV[9] ~= '' then
+    redis.call('ZREM', KEYS[#KEYS], ARGV[7]) -- finished by a plain Do
+  end
   if ARGV[3] == '1' then
     return {s, redis.call('PTTL', KEYS[1])}
   end
@@ -122,6 +147,11 @@ if st == 'p' then
     return {'c', n, math.max(left, 0)}
   end
   if left > 0 then
+    if ARGV[9] and ARGV[9] ~= '' then
+      -- A live owner that does not keep the index (a plain Do took it
+      -- over): due again when its lease has passed.
+      pendingAdd(KEYS[#KEYS], ARGV[7], left + ARGV[8] - (ARGV[2] - cmark), ARGV[2])
+    end
     return {'b', left, n, own}
   end
 end
@@ -131,8 +161,25 @@ end
 if KEYS[2] then
   local pk = redis.call('HGET', KEYS[2], PARKED)
   if pk then
+    if inKey then
+      pendingPark(KEYS[#KEYS], ARGV[7], ARGV[2])
+    end
     return {'k', n, string.sub(pk, 2)}
   end
+end
+if ARGV[9] and ARGV[9] ~= '' then
+  -- A recovery: counted in the input's header, or the operation parked
+  -- when WithMaxRecoveries recoveries did not finish it.
+  local r, at = recoveries(inKey)
+  if not r then
+    redis.call('ZREM', KEYS[#KEYS], ARGV[7])
+    return {'g'}
+  end
+  if r >= tonumber(ARGV[9]) then
+    park(KEYS[1], KEYS[2], KEYS[#KEYS], ARGV[7], ARGV[2])
+    return {'k', n, ''}
+  end
+  redis.call('SETRANGE', inKey, at, string.char(r + 1))
 end
 
 -- Released, or a lease that ended without completion: take over with the
@@ -148,6 +195,11 @@ if KEYS[2] then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
 if inKey then
-  redis.call('SET', inKey, ARGV[6], 'PX', ARGV[2])
+  if ARGV[6] ~= '' then
+    redis.call('SET', inKey, ARGV[6], 'PX', ARGV[2])
+  else
+    redis.call('PEXPIRE', inKey, ARGV[2])
+  end
+  pendingAdd(KEYS[#KEYS], ARGV[7], ARGV[8], ARGV[2])
 end
 return n

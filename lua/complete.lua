@@ -18,10 +18,13 @@
 --          the tombstones' span (retention + tombstone time) and window
 --          width in milliseconds. The stored record leaves a tombstone
 --          with its fingerprint.
--- KEYS[#KEYS], ARGV[8]  for a registered operation (Op.Do) only: the key of
---          its stored input, <prefix>:{<key>}:in, and "1"; without
---          tombstones ARGV[5..7] are "". The input is deleted with the
---          outcome stored: a finished operation keeps no input.
+-- KEYS[#KEYS-1], KEYS[#KEYS], ARGV[8..9]  for a registered operation
+--          (Op.Do, or a recovery) only: the key of its stored input,
+--          <prefix>:{<key>}:in, and its bucket of the index of unfinished
+--          operations (lua/record.lua); "1", and its member there (the
+--          key). Without tombstones ARGV[5..7] are "". The input and the
+--          index entry are deleted with the outcome stored: a finished
+--          operation keeps neither.
 --
 -- The notification is the finished record itself when it is at most 4096
 -- bytes (the outcome, its fingerprint, owner and attempt: a waiter of that
@@ -72,9 +75,10 @@ redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
 if ARGV[4] ~= '' then
   redis.call(ARGV[4], KEYS[2], #rec <= 4096 and rec or done)
 end
-local inKey = ARGV[8] and KEYS[#KEYS]
+local inKey = ARGV[8] and KEYS[#KEYS - 1]
 if inKey then
   redis.call('DEL', inKey)
+  redis.call('ZREM', KEYS[#KEYS], ARGV[9])
 end
 if KEYS[3] and KEYS[3] ~= inKey then
   --[[lua/tombstone.lua]]

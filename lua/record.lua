@@ -30,6 +30,83 @@
 -- a parked operation over answers parked instead (lua/claim.lua).
 local PARKED = string.rep('!', 257)
 
+-- The stored input of a registered operation (Op.Do), at
+-- <prefix>:{<key>}:in, with the record's TTL, is one string:
+--
+--   "1" len(name) name r input
+--
+-- "1" the format version; name the operation's name (Register), its len
+-- one byte; r one byte, the recoveries that took it over since a caller
+-- last claimed it (WithMaxRecoveries); input the input, msgpack.
+--
+-- The index: an unfinished registered operation is a member of one bucket
+-- of the index of unfinished operations, a sorted set at
+-- <prefix>:{<tag>}:pending, whose tag puts it in the record's hash slot
+-- (on Cluster, one bucket per slot; elsewhere 1024, by slot). Its member
+-- is the key (not the record's Redis key), its score the server's time in
+-- ms at which it is due for recovery: the lease's end (moved by every
+-- renewal) plus WithRecoverAfter, or a release's time plus
+-- WithRecoverAfter; PARKED_DUE when parked. The claim, renew, complete
+-- and release scripts of registered operations keep it in their own round
+-- trips (complete removes the member; Forget too); plain Do calls never
+-- touch it. A bucket lives as long as its longest-lived record. Small
+-- buckets stay listpacks: a member costs its key's bytes and a few more.
+local PARKED_DUE = 2 ^ 52
+
+-- serverNow returns the server's time in milliseconds.
+local function serverNow()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- pendingKeep makes bucket idx live at least ret ms, as long as the
+-- record just indexed in it.
+local function pendingKeep(idx, ret)
+  if redis.call('PTTL', idx) < tonumber(ret) then
+    redis.call('PEXPIRE', idx, ret)
+  end
+end
+
+-- pendingAdd indexes member in bucket idx as due in ms from now; the
+-- bucket lives at least ret ms.
+local function pendingAdd(idx, member, ms, ret)
+  redis.call('ZADD', idx, serverNow() + ms, member)
+  pendingKeep(idx, ret)
+end
+
+-- pendingPark keeps member in bucket idx, parked: never due.
+local function pendingPark(idx, member, ret)
+  redis.call('ZADD', idx, PARKED_DUE, member)
+  pendingKeep(idx, ret)
+end
+
+-- recoveries returns the recoveries counted in the stored input at inKey,
+-- and the offset of their byte; nil when there is no input.
+local function recoveries(inKey)
+  local h = redis.call('GETRANGE', inKey, 0, 257)
+  if string.sub(h, 1, 1) ~= '1' or #h < 3 then
+    return nil
+  end
+  local at = 2 + string.byte(h, 2)
+  local r = string.byte(h, at + 1)
+  if not r then
+    return nil
+  end
+  return r, at
+end
+
+-- park parks the operation of record rec after its recoveries
+-- (WithMaxRecoveries): the marker PARKED, with no step's name, in its
+-- checkpoints at steps, living as long as the record.
+local function park(rec, steps, idx, member, ret)
+  redis.call('HSET', steps, PARKED, 'k')
+  local ttl = redis.call('PTTL', rec)
+  if ttl > 0 then
+    redis.call('PEXPIRE', steps, ttl)
+  end
+  pendingPark(idx, member, ret)
+end
+
 -- count parses a decimal count of at most 15 digits ("1", "42"), exactly
 -- as written: tonumber alone would take "0x10", " 2", "1e3" and "1.5".
 local function count(s)

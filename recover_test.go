@@ -362,3 +362,58 @@ func TestRecoverIndexMemory(t *testing.T) {
 		t.Fatalf("%d buckets left after the operations finished", got)
 	}
 }
+
+// A recovery is the fenced takeover of a caller: a Recover loop that finds
+// an operation due while another owner's lease is live does not run it,
+// and moves its index entry to that lease's end.
+func TestRecoverLiveOwnerRefused(t *testing.T) {
+	t.Parallel()
+	b := idemtest.Redis(t, redistest.Config{})
+	ctx := context.Background()
+	opts := []idem.Option{idem.WithRecoverAfter(50 * time.Millisecond), idem.WithLease(5 * time.Second), idem.WithLogger(nil)}
+	release := make(chan struct{})
+	var ran1, ran2 atomic.Int32
+	c1 := b.Idem(t, opts...)
+	op := idem.Register(c1, "slow", func(ctx context.Context, in int) (int, error) {
+		if ran1.Add(1) == 1 {
+			return 0, errors.New("transient")
+		}
+		<-release
+		return in, nil
+	})
+	c2 := b.Idem(t, opts...)
+	idem.Register(c2, "slow", func(ctx context.Context, in int) (int, error) {
+		ran2.Add(1)
+		return in, nil
+	})
+	if _, err := op.Do(ctx, "k", 7); err == nil {
+		t.Fatal("want the transient error")
+	}
+	recoverFor(t, c1)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before the Recover loop's end, which waits for fn
+	deadline := time.Now().Add(20 * time.Second)
+	for ran1.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("no recovery within 20 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	rdb := b.Client(t)
+	bucket := idem.PendingKey(c1, "k")
+	if err := rdb.ZAdd(ctx, bucket, redis.Z{Score: 0, Member: "k"}).Err(); err != nil { // due at once
+		t.Fatal(err)
+	}
+	recoverFor(t, c2)
+	time.Sleep(300 * time.Millisecond) // a dozen sweeps
+	if n := ran2.Load(); n != 0 {
+		t.Fatalf("a second Recover ran fn under a live owner (%d runs)", n)
+	}
+	now := rdb.Time(ctx).Val()
+	if s := rdb.ZScore(ctx, bucket, "k").Val(); s < float64(now.UnixMilli()) {
+		t.Fatalf("the entry of a live owner's operation stays due (score %v, now %d)", s, now.UnixMilli())
+	}
+	unblock()
+	waitState(t, c1, "k", idem.StateDone)
+}

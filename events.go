@@ -80,7 +80,10 @@ const (
 	// EventParked: fn ran, and a checked step of it (StepChecked) is
 	// parked: its outcome is unknown. The claim was given back, nothing
 	// was stored, and every call gets ErrUnknownOutcome until an operator
-	// resolves the step (Resolve, ResolveNotApplied).
+	// resolves the step (Resolve, ResolveNotApplied). Also the outcome of
+	// a recovery (Client.Recover) that parked its operation after
+	// WithMaxRecoveries recoveries did not finish it: every call gets
+	// ErrParked until Retry.
 	EventParked
 	// EventReconciled: a checked step of fn (StepChecked, named by
 	// Event.Step) asked its provider whether its effect happened, and
@@ -90,12 +93,12 @@ const (
 	// is parked). One event per reconciliation; a reconciliation that
 	// fn's context cut short makes none. A step, not an outcome.
 	EventReconciled
-	// EventRecovered: a Recover loop finished an operation that its caller
-	// had left unfinished (see Client.Recover), with a result or a
-	// permanent failure. Not a call's: it follows the events of the
-	// recovery's own call (a takeover, then its outcome). A step, not an
-	// outcome. A recovery that parks the operation (WithMaxRecoveries)
-	// reports EventParked, with Err matching ErrParked.
+	// EventRecovered: a Recover loop finished, as attempt Event.Attempt,
+	// an operation that its caller had left unfinished (see
+	// Client.Recover), with a result or a permanent failure. It follows
+	// the events of the recovery's own call (a takeover, then its
+	// outcome): a step, not an outcome. A recovery that parks the
+	// operation (WithMaxRecoveries) ends with EventParked instead.
 	EventRecovered
 )
 
@@ -242,8 +245,9 @@ func EventKeyDigest(secret []byte, key string) string {
 // LogObserver returns an Observer that logs events to l: lost leases,
 // unrecorded outcomes and parked steps at Error (fn acted and its outcome
 // is not stored); takeovers, errors, calls that ran out of wait, outcomes
-// the ledger decided (Redis had lost or not finished the record) and
-// reconciliations (a provider's answer was lost) at Warn; the rest at
+// the ledger decided (Redis had lost or not finished the record),
+// reconciliations (a provider's answer was lost) and recoveries (a caller
+// left its operation unfinished) at Warn; the rest at
 // Debug. Each record carries the kind, the key's digest, the attempt, the
 // durations and the error, whose message names the key by its digest (the
 // key itself only with WithRawEventKeys(true), as Client.LogAttrs says); a

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 
 	"github.com/idem-go/idem/internal/codec"
 )
@@ -53,8 +54,9 @@ func parseInput(b []byte) (name string, recoveries int, in []byte, ok bool) {
 // recoverer is a registered operation as Recover sees it.
 type recoverer interface {
 	// recover runs the operation of key again from its encoded input, as
-	// a recovery (see Recover), and returns Do's error.
-	recover(ctx context.Context, key string, in []byte) error
+	// a recovery (see Recover), and returns the attempt that ran fn (0
+	// when fn did not run) and Do's error.
+	recover(ctx context.Context, key string, in []byte) (int64, error)
 }
 
 // Op is an operation registered under a name on one Client (Register): Do
@@ -125,20 +127,23 @@ func (o *Op[In, Out]) Do(ctx context.Context, key string, in In) (Out, error) {
 
 // recover runs the operation of key from its stored input b, encoded, as a
 // recovery: the fenced takeover of Do, that waits for no live owner.
-func (o *Op[In, Out]) recover(ctx context.Context, key string, b []byte) error {
+func (o *Op[In, Out]) recover(ctx context.Context, key string, b []byte) (int64, error) {
 	var in In
 	if err := o.in.Decode(b, &in); err != nil {
-		return fmt.Errorf("%w: operation %q, key %q: stored input: %v", ErrDecode, o.name, key, err)
+		return 0, fmt.Errorf("%w: operation %q, key %q: stored input: %v", ErrDecode, o.name, key, err)
 	}
 	op := &opCall{input: []byte{}, recovery: true}
 	ctx = context.WithValue(ctx, inputKey{}, op)
+	var n atomic.Int64
 	_, err := Do(ctx, o.c, key, Fingerprint(in), func(ctx context.Context) (Out, error) {
+		a, _ := AttemptFrom(ctx)
+		n.Store(a.Number)
 		return o.fn(ctx, in)
 	})
 	if op.parked && err != nil {
 		err = fmt.Errorf("%w: key %q: WithMaxRecoveries recoveries did not finish it: %w", ErrParked, key, err)
 	}
-	return err
+	return n.Load(), err
 }
 
 // Result returns the outcome of key as Do would replay it, decoded into

@@ -140,6 +140,9 @@ func (cl *call) finish(ctx context.Context, o *owning, res []byte, err error) ([
 	case err != nil && !IsPermanent(err):
 		cl.observeRelease(fctx)
 		cl.release(ctx, false)
+		if cl.op != nil && cl.op.parked {
+			cl.observeParked() // by WithMaxRecoveries
+		}
 		return nil, true, err
 	}
 	return cl.store(ctx, res, err)

@@ -189,25 +189,20 @@ func (c *Client) recoverOne(ctx context.Context, op recoverer, d due) {
 	if !ok {
 		return
 	}
-	err = op.recover(rctx, d.key, b)
-	switch {
-	case errors.Is(err, errNothingToRecover), errors.Is(err, ErrInProgress):
-	case err == nil, IsPermanent(err):
-		c.emitRecovery(ctx, EventRecovered, d.key, err)
-	case errors.Is(err, ErrParked) && !errors.Is(err, ErrUnknownOutcome):
-		c.emitRecovery(ctx, EventParked, d.key, err)
+	// A recovery that parked the operation ended with EventParked, its
+	// call's own outcome; one that found it finished or owned did nothing.
+	if n, err := op.recover(rctx, d.key, b); n > 0 && (err == nil || IsPermanent(err)) {
+		c.emitRecovered(ctx, d.key, n)
 	}
 }
 
-// emitRecovery tells the observers of an event of Recover's about key.
-func (c *Client) emitRecovery(ctx context.Context, kind EventKind, key string, err error) {
+// emitRecovered tells the observers that a recovery finished key's
+// operation (EventRecovered) with attempt n.
+func (c *Client) emitRecovered(ctx context.Context, key string, n int64) {
 	if !c.observed() {
 		return
 	}
-	e := Event{Kind: kind, Key: c.eventKey(key)}
-	if kind == EventParked {
-		e.Err = c.redact(key, e.Key, err)
-	}
+	e := Event{Kind: EventRecovered, Key: c.eventKey(key), Attempt: n}
 	if c.cfg.rawEventKeys {
 		e.RawKey = key
 	}

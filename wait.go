@@ -91,6 +91,9 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 		case replyParked:
 			if r.payload == "" {
 				// Parked by its recoveries (WithMaxRecoveries): Retry.
+				if cl.notes != nil && cl.op != nil && cl.op.recovery {
+					cl.notes.outcome = EventParked // this recovery's claim parked it
+				}
 				return nil, false, fmt.Errorf("%w: key %q: parked after attempt %d, as WithMaxRecoveries recoveries did not finish it; fn does not run (Retry runs it again)", ErrParked, key, r.n)
 			}
 			// fn does not run: the parked step is settled by an operator.

@@ -129,6 +129,7 @@ type Observer struct {
 	lateRetries metric.Int64Counter
 	reconciled  metric.Int64Counter
 	parked      metric.Int64Counter
+	recovered   metric.Int64Counter
 	// byCheck holds the metric option of each reconciliation result.
 	byCheck map[idem.Check]metric.MeasurementOption
 	// byOutcome holds the metric option of each outcome's attribute,
@@ -232,7 +233,9 @@ func New(opts ...Option) (*Observer, error) {
 	o.reconciled = newCounter("idem.reconciliations", "{reconciliation}",
 		"Reconciliations of checked steps (StepChecked), by how they ended: applied, not_applied (act ran again), unknown (parked).")
 	o.parked = newCounter("idem.parked", "{call}",
-		"Calls that ended with a checked step parked (ErrUnknownOutcome): the operation waits for an operator's Resolve.")
+		"Calls that ended with the operation parked: a checked step (ErrUnknownOutcome) waits for an operator's Resolve, or a recovery after WithMaxRecoveries (ErrParked) for Retry.")
+	o.recovered = newCounter("idem.recoveries", "{operation}",
+		"Operations that a Recover loop finished after their caller left them unfinished (EventRecovered).")
 	if err == nil {
 		o.age, err = m.Float64Histogram("idem.replay.age", metric.WithUnit("s"),
 			metric.WithDescription("Time from the recording of an outcome to a replay of it: compare with the retention."),
@@ -257,6 +260,7 @@ func New(opts ...Option) (*Observer, error) {
 	o.leaseLosses.Add(ctx, 0)
 	o.lateRetries.Add(ctx, 0)
 	o.parked.Add(ctx, 0)
+	o.recovered.Add(ctx, 0)
 	for c, l := range checkLabels {
 		o.byCheck[c] = metric.WithAttributeSet(attribute.NewSet(AttrCheck.String(l)))
 		o.reconciled.Add(ctx, 0, o.byCheck[c])
@@ -299,6 +303,9 @@ func (o *Observer) Observe(ctx context.Context, e idem.Event) {
 			span.AddEvent("idem.reconciled", trace.WithAttributes(
 				AttrStep.String(e.Step), AttrCheck.String(checkLabels[e.Check])))
 		}
+		return
+	case e.Kind == idem.EventRecovered:
+		o.recovered.Add(ctx, 1)
 		return
 	case !e.Kind.Outcome():
 		return

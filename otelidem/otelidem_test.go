@@ -126,7 +126,7 @@ func TestMetricsAndSpans(t *testing.T) {
 
 	sums, hists := collect(t, reader)
 	// Every counter's series exists, at zero where nothing happened.
-	wantSums := map[string]int64{"idem.takeovers/": 1, "idem.lease_losses/": 0, "idem.late_retries/": 0, "idem.parked/": 0,
+	wantSums := map[string]int64{"idem.takeovers/": 1, "idem.lease_losses/": 0, "idem.late_retries/": 0, "idem.parked/": 0, "idem.recoveries/": 0,
 		"idem.reconciliations/applied": 0, "idem.reconciliations/not_applied": 0, "idem.reconciliations/unknown": 0}
 	for k := idem.EventKind(1); k.Outcome() || k == idem.EventWaited || k == idem.EventTookOver; k++ {
 		if k.Outcome() {
@@ -258,6 +258,11 @@ func TestEveryKind(t *testing.T) {
 	}
 	if sums["idem.calls/"+idem.EventReconciled.String()] != 0 || sums["idem.parked/"] != 1 {
 		t.Errorf("a reconciliation counted as a call or a parked operation: %v", sums)
+	}
+	obs.Observe(ctx, idem.Event{Kind: idem.EventRecovered, Attempt: 3})
+	sums, _ = collect(t, reader)
+	if sums["idem.recoveries/"] != 1 || sums["idem.calls/"+idem.EventRecovered.String()] != 0 {
+		t.Errorf("a recovery: %v", sums)
 	}
 }
 

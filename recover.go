@@ -238,3 +238,80 @@ func (c *Client) Retry(ctx context.Context, key string) error {
 	}
 	return fmt.Errorf("%w: retry key %q: unexpected reply %d", ErrCorrupt, key, n)
 }
+
+// Pending is an unfinished registered operation as the index lists it
+// (see Client.Pending).
+type Pending struct {
+	// Key is the idempotency key.
+	Key string
+	// Name is the operation's name (Register); "" when its stored input
+	// is gone or unreadable.
+	Name string
+	// Due is when a Recover loop takes it over, on the server's clock;
+	// zero when Parked.
+	Due time.Time
+	// Parked reports that the operation is parked: Recover leaves it.
+	Parked bool
+	// Recoveries is how many recoveries took it over since a caller last
+	// claimed it (WithMaxRecoveries).
+	Recoveries int
+}
+
+// parkedDue is lua/record.lua's PARKED_DUE: the score of a parked entry.
+const parkedDue = 1 << 52
+
+// Pending lists up to limit unfinished registered operations from the index
+// (see Recover), whatever their names, soonest due first within each
+// bucket; parked ones too. It reads every bucket, and the head of each
+// listed operation's stored input, without SCAN. It is for operators
+// (idemctl pending); it changes nothing.
+func (c *Client) Pending(ctx context.Context, limit int) ([]Pending, error) {
+	if c == nil || c.rdb == nil {
+		return nil, errors.New("idem: Client has no Redis client (use idem.New with a non-nil client)")
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	n := c.buckets()
+	cmds := make([]*redis.ZSliceCmd, n)
+	pipe := c.rdb.Pipeline()
+	for b := range n {
+		cmds[b] = pipe.ZRangeWithScores(ctx, c.bucketKey(b), 0, int64(limit)-1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("idem: pending: %w", err)
+	}
+	var list []Pending
+	for _, cmd := range cmds {
+		for _, z := range cmd.Val() {
+			if len(list) == limit {
+				break
+			}
+			key, _ := z.Member.(string)
+			p := Pending{Key: key}
+			if z.Score >= parkedDue {
+				p.Parked = true
+			} else {
+				p.Due = time.UnixMilli(int64(z.Score))
+			}
+			list = append(list, p)
+		}
+	}
+	if len(list) == 0 {
+		return list, nil
+	}
+	heads := make([]*redis.StringCmd, len(list))
+	pipe = c.rdb.Pipeline()
+	for i, p := range list {
+		heads[i] = pipe.GetRange(ctx, c.recordKey(p.Key)+inputSuffix, 0, 257)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("idem: pending: %w", err)
+	}
+	for i := range list {
+		if name, r, _, ok := parseInput([]byte(heads[i].Val())); ok {
+			list[i].Name, list[i].Recoveries = name, r
+		}
+	}
+	return list, nil
+}

@@ -417,3 +417,31 @@ func TestRecoverLiveOwnerRefused(t *testing.T) {
 	unblock()
 	waitState(t, c1, "k", idem.StateDone)
 }
+
+// Pending lists unfinished registered operations by name, parked ones
+// too, and no finished one.
+func TestPendingLists(t *testing.T) {
+	t.Parallel()
+	c := idemtest.Miniredis(t).Idem(t, idem.WithLogger(nil))
+	ctx := context.Background()
+	op := idem.Register(c, "fail", func(ctx context.Context, in int) (int, error) {
+		if in == 0 {
+			return 0, nil
+		}
+		return 0, errors.New("transient")
+	})
+	for i := range 3 {
+		_, _ = op.Do(ctx, fmt.Sprint("k", i), i)
+	}
+	list, err := c.Pending(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]idem.Pending{}
+	for _, p := range list {
+		got[p.Key] = p
+	}
+	if len(got) != 2 || got["k1"].Name != "fail" || got["k2"].Name != "fail" || got["k1"].Parked || got["k1"].Due.IsZero() {
+		t.Fatalf("Pending: %+v", list)
+	}
+}

@@ -5,6 +5,8 @@
 //	idemctl forget KEY -yes      delete one key's record and tombstone; say what the next call does
 //	idemctl stats [flags]        every record under the prefix: states, attempts, sizes, TTLs
 //	idemctl check [flags]        whether Redis can keep idem's promises (idem's Client.Check)
+//	idemctl pending [flags]      the unfinished registered operations (idem's Client.Pending)
+//	idemctl retry KEY            un-park an operation parked after its recoveries (idem's Client.Retry)
 //
 // Flags go before or after the command and its key; -- ends them, for a
 // key that starts with '-'. With -ledger DSN (postgres://…, mysql://…,
@@ -88,6 +90,14 @@ Commands:
   check        check that Redis can keep idem's promises (idem's Client.Check):
                problems, each with what to change, and notes on persistence
                and replication
+  pending      the unfinished registered operations (idem.Register) from
+               the index that idem's Recover sweeps (no SCAN): key digest
+               (-key-secret; the key itself with -raw), operation name,
+               state, attempt, age (-retention), lease end, steps done,
+               recoveries, and when a recovery is due, or parked
+  retry KEY    un-park KEY's operation, parked after idem.WithMaxRecoveries
+               recoveries did not finish it: the next recovery (or call with
+               KEY) runs it again
 
 Flags go before or after the command and its key (idemctl forget KEY -yes);
 -- ends them, for a key that starts with '-'. An HTTP request's record is
@@ -125,6 +135,10 @@ type options struct {
 	// retention is the Client's (idem.WithRetention), for stats' record
 	// ages; 0: infer it.
 	retention time.Duration
+	// raw and keySecret are pending's: print keys, and the secret of
+	// their digests (idem.WithEventKeySecret).
+	raw       bool
+	keySecret string
 }
 
 // quietLogger silences go-redis's own log (failed dials, retries): idemctl
@@ -175,6 +189,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.sample, "sample", 10000, "stats: about how many records to measure with MEMORY USAGE")
 	fs.IntVar(&o.batch, "batch", 1000, "stats: keys asked of SCAN at a time (its COUNT), and read in one pipeline")
 	fs.DurationVar(&o.retention, "retention", 0, "stats: the Clients' retention (idem.WithRetention), for the records' ages; 0: the longest TTL left of a finished record")
+	fs.BoolVar(&o.raw, "raw", false, "pending: print each key itself, not only its digest")
+	fs.StringVar(&o.keySecret, "key-secret", "", "pending: the services' `secret` of key digests (idem.WithEventKeySecret), so that digests match their events and logs")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -224,14 +240,14 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 
 func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("no command given: want status KEY, forget KEY, resolve KEY, stats or check")
+		return usagef("no command given: want status KEY, forget KEY, resolve KEY, retry KEY, stats, pending or check")
 	}
 	cmd, args := args[0], args[1:]
-	wantKey := cmd == "status" || cmd == "forget" || cmd == "resolve"
+	wantKey := cmd == "status" || cmd == "forget" || cmd == "resolve" || cmd == "retry"
 	switch cmd {
-	case "status", "forget", "resolve", "stats", "check":
+	case "status", "forget", "resolve", "stats", "check", "pending", "retry":
 	default:
-		return usagef("unknown command %q: want status KEY, forget KEY, resolve KEY, stats or check", cmd)
+		return usagef("unknown command %q: want status KEY, forget KEY, resolve KEY, retry KEY, stats, pending or check", cmd)
 	}
 	switch {
 	case wantKey && len(args) == 0:
@@ -256,6 +272,8 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return usagef("resolve needs what happened, one of -not-applied (the effect did not happen) or -value JSON (it happened, with this value)")
 	case cmd == "resolve" && !o.yes:
 		return usagef("resolve tells the service what step %q of %q did, and it acts on it (acts again, or goes on as if it had acted); ask the provider first, then add -yes", o.step, args[0])
+	case cmd != "pending" && (o.raw || o.keySecret != ""):
+		return usagef("-raw and -key-secret are pending's; %s does not take them", cmd)
 	case o.prefix == "" || strings.ContainsAny(o.prefix, "{}"):
 		return usagef("-prefix %q: must be non-empty and without '{' or '}'", o.prefix)
 	case o.top < 0 || o.sample < 0 || o.batch < 1:
@@ -291,6 +309,10 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return resolve(ctx, o, rdb, args[0], out)
 	case "check":
 		return check(ctx, o, rdb, out)
+	case "pending":
+		return pending(ctx, o, rdb, out)
+	case "retry":
+		return retry(ctx, o, rdb, args[0], out)
 	}
 	return stats(ctx, o, rdb, out, stderr)
 }

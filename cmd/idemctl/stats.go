@@ -38,7 +38,7 @@ const (
 	stInProgress = "in progress" // lease live: an owner runs the operation
 	stLeaseEnded = "lease ended" // in progress, lease over: the owner is gone; the next call takes over
 	stReleased   = "released"    // the last attempt failed transiently
-	stParked     = "parked"      // unfinished, a checked step parked: it waits for idemctl resolve
+	stParked     = "parked"      // unfinished, a checked step parked (it waits for idemctl resolve), or its recoveries (idemctl retry)
 	stUnreadable = "unreadable"  // not a record this version reads
 )
 
@@ -47,6 +47,11 @@ var stateOrder = []string{stDone, stFailed, stInProgress, stLeaseEnded, stReleas
 // stepParked starts the value of a parked checked step in a record's
 // steps hash (<record>:steps; see idem's stepchecked.go).
 const stepParked = 'u'
+
+// recoveriesParked is the value of the parked marker of an operation that
+// idem.WithMaxRecoveries recoveries did not finish: it waits for idemctl
+// retry.
+const recoveriesParked = "k"
 
 // parseRecord reads the head of a record (lua/record.lua):
 // "1" st len(fp) fp len(own) own n ":" tail, where the tail of "p" and "r"
@@ -463,7 +468,7 @@ func markParked(ctx context.Context, node *redis.Client, recs []record) error {
 			continue
 		}
 		for _, s := range v.Val() {
-			if len(s) > 0 && s[0] == stepParked {
+			if len(s) > 0 && s[0] == stepParked || s == recoveriesParked {
 				recs[i].state = stParked
 				break
 			}
@@ -549,7 +554,7 @@ func printStats(out *printer, o options, t *tally) {
 		case stReleased:
 			note = "  (the last attempt failed; the next call runs again)"
 		case stParked:
-			note = "  (a checked step's outcome is unknown: it runs again once idemctl resolve settles it)"
+			note = "  (a checked step's outcome is unknown: it runs again once idemctl resolve settles it; or its recoveries did not finish it: idemctl retry)"
 		case stUnreadable:
 			note = "  (not a record idem reads: ErrCorrupt for its key)"
 		}

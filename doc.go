@@ -81,6 +81,19 @@
 // again; what it cannot settle is parked (ErrUnknownOutcome) until an
 // operator resolves it (Resolve, ResolveNotApplied). See docs/steps.md.
 //
+// # Recovery
+//
+// An operation registered under a name (Register) stores its input beside
+// its claim while it is unfinished. When its caller does not come back (it
+// crashed, or gave up after a transient failure), a Recover loop in any
+// process where the name is registered takes it over after
+// WithRecoverAfter, as the next attempt of the same fenced takeover, and
+// runs fn with the stored input; the caller's later Do or Result gets the
+// outcome. After WithMaxRecoveries recoveries that did not finish it, the
+// operation is parked until Retry. Plain Do calls, and operations whose
+// name no running Recover knows, are finished only by their callers. See
+// docs/design.md.
+//
 // # Fingerprints
 //
 // Fingerprint hashes each part as a tagged, length-delimited encoding of:

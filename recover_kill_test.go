@@ -37,7 +37,7 @@ const (
 	// step) or "recoverer" (Recover until killed).
 	recoverChildEnv = "IDEM_TEST_RECOVER_CHILD"
 	recoverChildTag = "idem-recover-child:"
-	recoverLease    = time.Second
+	recoverLease    = 3 * time.Second // long enough that a loaded machine's recovery keeps it
 	recoverAfter    = 200 * time.Millisecond
 )
 

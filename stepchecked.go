@@ -55,11 +55,14 @@ type checkedConfig struct {
 	reconcile time.Duration
 }
 
-// SettleAfter is how long after the step's intent (the moment before act
-// sent its request) a CheckNotApplied is believed: before, a request
-// still in flight could land, so it counts as CheckUnknown. Use the
-// longest time the provider may take to apply a request it received. The
-// default is 30 seconds.
+// SettleAfter is how long after the step's last possible send a
+// CheckNotApplied is believed: before, a request still in flight could
+// land, so it counts as CheckUnknown. Use the longest time the provider
+// may take to apply a request it received. It counts from when act
+// returned Ambiguous, and, in a later attempt, from its first "not
+// applied" (the earlier attempt's act may have sent until that attempt's
+// lease ended, before this attempt's claim): act must not send once its
+// context has ended (net/http does not). The default is 30 seconds.
 func SettleAfter(d time.Duration) StepOption {
 	return func(c *checkedConfig) { c.settle = d }
 }
@@ -199,6 +202,12 @@ func StepChecked[T any](ctx context.Context, name string,
 		return zero, fmt.Errorf("%w: key %q, step %q: unknown checkpoint", ErrCorrupt, s.key, name)
 	}
 	for {
+		// An owner whose lease ended (or that paused past it) leaves act
+		// to the next attempt, which checks first: its request would be
+		// sent after that attempt began to count the settle time.
+		if err := ctx.Err(); err != nil {
+			return zero, fmt.Errorf("idem: step %q: act not run (its intent stays: the next attempt checks first): %w", name, causeOf(ctx, err))
+		}
 		v, err := act(r.sctx)
 		if err != nil && s.committed() {
 			if IsPermanent(err) && !isAmbiguous(err) {
@@ -211,6 +220,13 @@ func StepChecked[T any](ctx context.Context, name string,
 		case err == nil:
 			return checkpoint(ctx, s, rc, name, v, stepCheckScript)
 		case isAmbiguous(err):
+			// act may have sent its request at any moment before it
+			// returned: the settle time counts from now, not from the
+			// intent stored before act began (a re-sent begin of this
+			// owner dates it anew).
+			if _, berr := s.begin(ctx, name); berr != nil {
+				return zero, fmt.Errorf("idem: step %q: act's outcome is unknown (%v) and its intent could not be dated anew (it stays: the next attempt checks first): %w", name, err, berr)
+			}
 			v, again, rerr := r.reconcile(ctx)
 			if !again && rerr != nil {
 				return v, fmt.Errorf("%w (act: %v)", rerr, err)

@@ -29,10 +29,15 @@
 --   re-sent begin): stores an intent of ARGV[1] and returns "". Otherwise
 --   returns the stored value, an intent's with its age instead of its
 --   time: "i" age_ms, "u" age_ms, or the checkpoint ("d"..., "f"...).
--- "rearm" ARGV[4]=settle_ms: check said not applied. When the field is an
---   intent at least settle_ms old, it becomes a new intent of ARGV[1] (act
---   may run again) and the reply is {1, 0}; an intent younger than that
---   is left and the reply is {2, ms still to wait}; no intent: {3, 0}.
+-- "rearm" ARGV[4]=settle_ms: check said not applied. An intent of another
+--   owner (an earlier attempt, whose act may have sent until its lease
+--   ended) becomes an intent of ARGV[1] dated now, and the reply is {2,
+--   settle_ms}. When the field is an intent of ARGV[1] at least settle_ms
+--   old, it becomes a new intent of ARGV[1] (act may run again) and the
+--   reply is {1, 0}; a younger one is left and the reply is {2, ms still
+--   to wait}; no intent: {3, 0}. A re-sent begin of the same owner dates
+--   its intent anew: StepChecked sends one when act returns Ambiguous, as
+--   act may have sent its request at any moment before it returned.
 -- "clear": act failed without acting: an intent is deleted; returns 1, or
 --   3 when the field holds something else (kept).
 -- "park": an intent becomes a parked marker (its time kept); returns 1
@@ -147,9 +152,9 @@ if op == 'begin' then
     r = old
   end
 elseif op == 'rearm' then
-  local tag, ms = nil, nil
+  local tag, ms, by = nil, nil, nil
   if old then
-    tag, ms = marker(old)
+    tag, ms, by = marker(old)
   end
   local settle = count(ARGV[4])
   if not settle then
@@ -158,6 +163,12 @@ elseif op == 'rearm' then
   local t = now()
   if tag ~= 'i' then
     r = {3, 0}
+  elseif by ~= ARGV[1] then
+    -- An earlier attempt's intent: its act may have sent until that
+    -- attempt's lease ended, after the intent's time but before this
+    -- attempt's claim. The settle time counts from now.
+    redis.call('HSET', KEYS[2], ARGV[2], 'i' .. string.format('%d', t) .. ':' .. ARGV[1])
+    r = {2, math.max(settle, 1)}
   elseif t - ms >= settle then
     redis.call('HSET', KEYS[2], ARGV[2], 'i' .. string.format('%d', t) .. ':' .. ARGV[1])
     r = {1, 0}

@@ -193,6 +193,20 @@
 // Server.Shutdown does not wait for handlers whose requests have ended;
 // allow WithHandlerTimeout after it before the process exits.
 //
+// # Recovery without a retry
+//
+// A handler that dies with its process, panics or answers 5xx leaves its
+// key unfinished, and only a retry runs it again. With WithRecovery(name,
+// headers...), the request runs as an operation registered on the Client
+// (idem.Register), whose stored input is the request (its method, target,
+// host, Content-Type, body, key and scope, and of its headers only those
+// named): when no caller comes back, the Client's Recover loop
+// (idem.Client.Recover, after idem.WithRecoverAfter) rebuilds the request
+// in any process where the middleware is mounted, runs the handler on it,
+// and stores its response, which the retry and StatusHandler get. A
+// recovered request has none of the original's context values: the
+// handler finds its principal with ScopeFrom.
+//
 // # Outbound requests
 //
 // NewTransport is the other side: an http.RoundTripper for calls to
@@ -232,19 +246,21 @@ const (
 type Option func(*config)
 
 type config struct {
-	header         string
-	methods        map[string]bool
-	required       bool
-	scope          func(*http.Request) (string, error)
-	fingerprint    func(*http.Request, []byte) (string, error)
-	maxBody        int64
-	maxKeyLen      int // 0 until set: then the Client's limit decides (see New)
-	maxResponse    int // likewise
-	retryAfter     time.Duration
-	handlerTimeout time.Duration
-	logger         *slog.Logger
-	keep           map[string]bool // per-user headers stored all the same (WithKeepHeaders)
-	problems       []string
+	header          string
+	methods         map[string]bool
+	required        bool
+	scope           func(*http.Request) (string, error)
+	fingerprint     func(*http.Request, []byte) (string, error)
+	maxBody         int64
+	maxKeyLen       int // 0 until set: then the Client's limit decides (see New)
+	maxResponse     int // likewise
+	retryAfter      time.Duration
+	handlerTimeout  time.Duration
+	logger          *slog.Logger
+	keep            map[string]bool // per-user headers stored all the same (WithKeepHeaders)
+	recovery        string          // the operation's name (WithRecovery); "" for none
+	recoveryHeaders []string        // the request headers stored for recovery, canonical
+	problems        []string
 }
 
 func (c *config) problem(format string, args ...any) {
@@ -489,7 +505,11 @@ func New(c *idem.Client, opts ...Option) func(http.Handler) http.Handler {
 		if next == nil {
 			panic("httpidem: nil handler")
 		}
-		return &middleware{c: c, cfg: cfg, next: next, private: private}
+		m := &middleware{c: c, cfg: cfg, next: next, private: private}
+		if cfg.recovery != "" {
+			m.register()
+		}
+		return m
 	}
 }
 
@@ -511,7 +531,8 @@ type middleware struct {
 	c       *idem.Client
 	cfg     config
 	next    http.Handler
-	private map[string]bool // canonical names of the headers not stored; nil: none
+	private map[string]bool           // canonical names of the headers not stored; nil: none
+	op      *idem.Op[request, []byte] // the registered operation (WithRecovery); nil without
 }
 
 // perUserHeaders are the response headers that belong to the user who
@@ -534,10 +555,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.next.ServeHTTP(w, r)
 		return
 	}
-	key, ok := m.scopedKey(w, r, values)
+	key, scope, ok := m.scopedKey(w, r, values)
 	if !ok {
 		return
 	}
+	r = r.WithContext(context.WithValue(r.Context(), scopeKey{}, scope))
 	body, err := readBody(r, m.cfg.maxBody)
 	if err != nil {
 		if errors.Is(err, errBodyTooLarge) {
@@ -557,22 +579,14 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.ContentLength = int64(len(body))
 	}
 
-	// rec is set when fn runs: this request's handler ran, so its response
-	// is the original, not a replay, unless the handler's ledger commit
-	// found another's outcome recorded (the ledger decided, not mine): Do
-	// returns that one, to be answered as any replay.
-	var (
-		rec           *recorder
-		decided, mine bool
-	)
+	// l.rec is set when fn runs: this request's handler ran, so its
+	// response is the original, not a replay, unless the handler's ledger
+	// commit found another's outcome recorded (the ledger decided, not
+	// mine): Do returns that one, to be answered as any replay.
 	g := new(gate)
+	l := &live{w: w, g: g, r: r}
 	o, ok := m.detach(r, key, func(ctx context.Context) ([]byte, error) {
-		return m.c.Do(ctx, key, fp, func(ctx context.Context) ([]byte, error) {
-			rec = newRecorder(w, g, m.cfg.maxResponse, m.private)
-			m.next.ServeHTTP(rec, r.WithContext(ctx))
-			decided, mine = idem.LedgerDecided(ctx)
-			return rec.outcome()
-		})
+		return m.run(ctx, key, fp, scope, body, l)
 	})
 	if !ok {
 		// The client went away, or the request's context ended otherwise:
@@ -586,6 +600,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	g.close()
 	res, err := o.Res, o.Err
+	rec, decided, mine := l.rec, l.decided, l.mine
 	switch {
 	case rec != nil && decided && mine && err == nil:
 		m.answerCommitted(w, r, key, rec, res)
@@ -660,15 +675,14 @@ func (m *middleware) answerCommitted(w http.ResponseWriter, r *http.Request, key
 }
 
 // scopedKey reads the key from the key header's values and the scope of
-// r's principal, and returns the key under which idem stores them; when
-// either is wrong, it answers r and returns ok false.
-func (m *middleware) scopedKey(w http.ResponseWriter, r *http.Request, values []string) (key string, ok bool) {
+// r's principal, and returns the key under which idem stores them, and the
+// scope; when either is wrong, it answers r and returns ok false.
+func (m *middleware) scopedKey(w http.ResponseWriter, r *http.Request, values []string) (key, scope string, ok bool) {
 	key, err := parseKey(values, m.cfg.maxKeyLen)
 	if err != nil {
 		m.fail(w, ProblemKeyInvalid, http.StatusBadRequest, "the "+m.cfg.header+" header "+err.Error())
-		return "", false
+		return "", "", false
 	}
-	var scope string
 	if m.cfg.scope != nil {
 		if scope, err = m.cfg.scope(r); err != nil {
 			var ch interface{ WWWAuthenticate() string }
@@ -676,10 +690,10 @@ func (m *middleware) scopedKey(w http.ResponseWriter, r *http.Request, values []
 				w.Header().Set("WWW-Authenticate", ch.WWWAuthenticate())
 			}
 			m.fail(w, ProblemScope, statusOf(err, http.StatusUnauthorized), err.Error())
-			return "", false
+			return "", "", false
 		}
 	}
-	return ScopedKey(scope, key), true
+	return ScopedKey(scope, key), scope, true
 }
 
 // answerError answers a request whose handler did not run here: the

@@ -88,9 +88,14 @@ func encodedSize(status int, h http.Header) int {
 	return 2 + door.UvarintLen(uint64(status)) + door.PairsSize(h)
 }
 
-// decodeResponse reads the stored form of a response. The body it returns
-// shares b's memory.
+// decodeResponse reads the stored form of a response, bare or as the
+// msgpack bin in which a recoverable request's record holds it
+// (WithRecovery: the typed operation's encoding of the bytes). The body it
+// returns shares b's memory.
 func decodeResponse(b []byte) (response, error) {
+	if f, ok := unbin(b); ok {
+		b = f
+	}
 	d, err := door.ReadFrame(b, formatMagic, formatVersion)
 	if err != nil {
 		return response{}, err

@@ -30,7 +30,7 @@ import (
 //
 // It panics as New does.
 func StatusHandler(c *idem.Client, opts ...Option) http.Handler {
-	m := New(c, opts...)(http.NotFoundHandler()).(*middleware)
+	m := New(c, append(opts, withoutRecovery())...)(http.NotFoundHandler()).(*middleware)
 	return http.HandlerFunc(m.serveStatus)
 }
 
@@ -45,7 +45,7 @@ func (m *middleware) serveStatus(w http.ResponseWriter, r *http.Request) {
 		m.fail(w, ProblemKeyMissing, http.StatusBadRequest, "a status check names its operation by the "+m.cfg.header+" header")
 		return
 	}
-	key, ok := m.scopedKey(w, r, values)
+	key, _, ok := m.scopedKey(w, r, values)
 	if !ok {
 		return
 	}

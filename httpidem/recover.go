@@ -154,7 +154,7 @@ func (m *middleware) recover(ctx context.Context, q request) (res []byte, err er
 // request is a request as WithRecovery stores it: the input of the
 // middleware's operation.
 type request struct {
-	fp          string // the middleware's fingerprint; not stored (see MarshalText)
+	fp          string // the middleware's fingerprint (see MarshalText)
 	method      string
 	url         string // the request target, as r.URL.RequestURI
 	host        string
@@ -213,7 +213,7 @@ func (q request) rebuild(ctx context.Context, keyHeader string) (*http.Request, 
 
 // The stored form of a request, version 1, in door's framing:
 //
-//	"q" 0x01 method url host content-type key scope headers body
+//	"q" 0x01 fingerprint method url host content-type key scope headers body
 //
 // with each field but the body a door string, the headers door pairs, and
 // the body running to the end. idem's codec stores it as one msgpack bin
@@ -227,7 +227,7 @@ const (
 func (q *request) frame() []byte {
 	b := make([]byte, 0, q.frameSize())
 	b = door.AppendFrame(b, requestMagic, requestVersion)
-	for _, s := range [...]string{q.method, q.url, q.host, q.contentType, q.key, q.scope} {
+	for _, s := range [...]string{q.fp, q.method, q.url, q.host, q.contentType, q.key, q.scope} {
 		b = door.AppendString(b, s)
 	}
 	b = door.AppendPairs(b, q.header)
@@ -237,7 +237,7 @@ func (q *request) frame() []byte {
 // frameSize is len(q.frame()).
 func (q *request) frameSize() int {
 	n := 2 + door.PairsSize(q.header) + len(q.body)
-	for _, s := range [...]string{q.method, q.url, q.host, q.contentType, q.key, q.scope} {
+	for _, s := range [...]string{q.fp, q.method, q.url, q.host, q.contentType, q.key, q.scope} {
 		n += door.UvarintLen(uint64(len(s))) + len(s)
 	}
 	return n
@@ -285,7 +285,7 @@ func (q *request) UnmarshalMsgpack(b []byte) error {
 	if err != nil {
 		return err
 	}
-	var fields [6]string
+	var fields [7]string
 	for i := range fields {
 		s, ok := d.String()
 		if !ok {
@@ -298,7 +298,7 @@ func (q *request) UnmarshalMsgpack(b []byte) error {
 		return door.Corrupt("stored request: truncated header")
 	}
 	*q = request{
-		method: fields[0], url: fields[1], host: fields[2], contentType: fields[3], key: fields[4], scope: fields[5],
+		fp: fields[0], method: fields[1], url: fields[2], host: fields[3], contentType: fields[4], key: fields[5], scope: fields[6],
 		header: h, body: bytes.Clone(d.Rest()),
 	}
 	return nil
@@ -326,7 +326,9 @@ func unbin(b []byte) (f []byte, ok bool) {
 
 // MarshalText is what idem.Fingerprint hashes of q (with its type's
 // name): the middleware's fingerprint (WithFingerprint), so that the
-// key-reuse check is the middleware's, whatever else q holds.
+// key-reuse check is the middleware's, whatever else q holds. It is
+// stored with q, so that a recovery, which fingerprints the decoded
+// input, claims under the same fingerprint.
 func (q request) MarshalText() ([]byte, error) { return []byte(q.fp), nil }
 
 // discard is the ResponseWriter behind a recovered request's recorder: its

@@ -18,7 +18,7 @@ import (
 func TestRequestRoundTrip(t *testing.T) {
 	for _, q := range []request{
 		{},
-		{method: "POST", url: "/a?b=c", host: "h", contentType: "application/json", key: "k", scope: "s",
+		{fp: "0123456789abcdef", method: "POST", url: "/a?b=c", host: "h", contentType: "application/json", key: "k", scope: "s",
 			header: http.Header{"X-A": {"1", "2"}, "X-B": {""}}, body: []byte(`{"x":1}`)},
 		{method: "PUT", body: []byte(strings.Repeat("y", 70000))},
 	} {
@@ -33,7 +33,7 @@ func TestRequestRoundTrip(t *testing.T) {
 		if err := got.UnmarshalMsgpack(b); err != nil {
 			t.Fatal(err)
 		}
-		if got.method != q.method || got.url != q.url || got.host != q.host || got.contentType != q.contentType ||
+		if got.fp != q.fp || got.method != q.method || got.url != q.url || got.host != q.host || got.contentType != q.contentType ||
 			got.key != q.key || got.scope != q.scope || string(got.body) != string(q.body) || len(got.header) != len(q.header) {
 			t.Errorf("got %+v, want %+v", got, q)
 		}
@@ -114,7 +114,6 @@ func TestRecoveredRequestRedispatched(t *testing.T) {
 	if err := stored.UnmarshalMsgpack(enc); err != nil {
 		t.Fatal(err)
 	}
-	stored.fp = fp
 	if _, err := m.op.Do(context.Background(), ScopedKey("alice", "k-1"), stored); err != nil {
 		t.Fatalf("recovery: %v", err)
 	}

@@ -224,6 +224,9 @@ func nextCall(st idem.Status, tomb bool, lj ledgerJSON) string {
 	case idem.StateReleased:
 		return fmt.Sprintf("the next call runs attempt %d", st.Attempt+1)
 	case idem.StateParked:
+		if st.Step == "" {
+			return "every call gets idem.ErrParked (HTTP 409) without running the operation, and Recover leaves it, until idemctl retry KEY runs it again (or forget deletes it)"
+		}
 		return fmt.Sprintf("every call gets idem.ErrUnknownOutcome (HTTP 409) until an operator settles step %q with idem.Resolve or ResolveNotApplied; then the next call runs attempt %d", st.Step, st.Attempt+1)
 	case idem.StateInProgress:
 		if time.Until(st.LeaseEnds) > 0 {

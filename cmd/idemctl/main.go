@@ -4,9 +4,8 @@
 //	idemctl status KEY [flags]   the state of one key's record, and its ledger row (-ledger)
 //	idemctl forget KEY -yes      delete one key's record and tombstone; say what the next call does
 //	idemctl stats [flags]        every record under the prefix: states, attempts, sizes, TTLs
+//	idemctl pending [flags]      the unfinished and parked registered operations (idem.Register)
 //	idemctl check [flags]        whether Redis can keep idem's promises (idem's Client.Check)
-//	idemctl pending [flags]      the unfinished registered operations (idem's Client.Pending)
-//	idemctl retry KEY            un-park an operation parked after its recoveries (idem's Client.Retry)
 //
 // Flags go before or after the command and its key; -- ends them, for a
 // key that starts with '-'. With -ledger DSN (postgres://…, mysql://…,
@@ -87,17 +86,16 @@ Commands:
                records; the ages of finished records (-retention), and with
                idem.WithTombstones, the tombstones and the late retries they
                refused, by day; a progress line on a terminal
+  pending      list the registered operations (idem.Register) that are
+               unfinished or parked, from idem's index of them (no SCAN): each
+               one's key (by its digest; -raw: the key), operation name, state,
+               attempt, recoveries, age since its last claim (-retention), lease
+               end, steps done, and when a Recover loop takes it over; the key
+               digests match the services' logs with IDEMCTL_KEY_SECRET set to
+               their idem.WithEventKeySecret
   check        check that Redis can keep idem's promises (idem's Client.Check):
                problems, each with what to change, and notes on persistence
                and replication
-  pending      the unfinished registered operations (idem.Register) from
-               the index that idem's Recover sweeps (no SCAN): key digest
-               (-key-secret; the key itself with -raw), operation name,
-               state, attempt, age (-retention), lease end, steps done,
-               recoveries, and when a recovery is due, or parked
-  retry KEY    un-park KEY's operation, parked after idem.WithMaxRecoveries
-               recoveries did not finish it: the next recovery (or call with
-               KEY) runs it again
 
 Flags go before or after the command and its key (idemctl forget KEY -yes);
 -- ends them, for a key that starts with '-'. An HTTP request's record is
@@ -119,6 +117,7 @@ type options struct {
 	prefix  string
 	scope   *string // -scope: the key is an HTTP request's of this principal; nil without
 	json    bool
+	raw     bool // pending: print keys, not their digests
 	yes     bool
 	timeout time.Duration
 	// step, notApplied and value are resolve's: the parked step's name,
@@ -135,10 +134,6 @@ type options struct {
 	// retention is the Client's (idem.WithRetention), for stats' record
 	// ages; 0: infer it.
 	retention time.Duration
-	// raw and keySecret are pending's: print keys, and the secret of
-	// their digests (idem.WithEventKeySecret).
-	raw       bool
-	keySecret string
 }
 
 // quietLogger silences go-redis's own log (failed dials, retries): idemctl
@@ -178,19 +173,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.prefix, "prefix", "idem", "the `prefix` of idem's records (idem.WithPrefix)")
 	scope := fs.String("scope", "", "status, forget: KEY is an HTTP Idempotency-Key that httpidem stored for this `principal` (what WithScope returned; '' without WithScope)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
+	fs.BoolVar(&o.raw, "raw", false, "pending: print the keys themselves, not their digests")
 	fs.BoolVar(&o.yes, "yes", false, "confirm forget and resolve")
 	fs.StringVar(&o.step, "step", "", "resolve: the `name` of the parked step")
 	fs.BoolVar(&o.notApplied, "not-applied", false, "resolve: the step's effect did not happen (the next call acts again)")
 	fs.StringVar(&o.value, "value", "", "resolve: the step's effect happened, with this `JSON` value: a string (\"ch_123\"), number or boolean, of the step's type")
 	fs.StringVar(&o.ledger, "ledger", "", "status, forget: the `DSN` of the service's ledger (idemsql), read-only: postgres://user:password@host:port/db, mysql://user:password@host:port/db or sqlite:PATH; without it the ledger is not looked at")
 	fs.StringVar(&o.ledgerTable, "ledger-table", "idem_ledger", "status, forget: the ledger's `table` (idemsql.WithTable)")
-	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up status, forget and check after this `duration` (stats runs until done or interrupted)")
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up every command but stats after this `duration` (stats runs until done or interrupted)")
 	fs.IntVar(&o.top, "top", 10, "stats: how many of the biggest records to list")
 	fs.IntVar(&o.sample, "sample", 10000, "stats: about how many records to measure with MEMORY USAGE")
 	fs.IntVar(&o.batch, "batch", 1000, "stats: keys asked of SCAN at a time (its COUNT), and read in one pipeline")
-	fs.DurationVar(&o.retention, "retention", 0, "stats: the Clients' retention (idem.WithRetention), for the records' ages; 0: the longest TTL left of a finished record")
-	fs.BoolVar(&o.raw, "raw", false, "pending: print each key itself, not only its digest")
-	fs.StringVar(&o.keySecret, "key-secret", "", "pending: the services' `secret` of key digests (idem.WithEventKeySecret), so that digests match their events and logs")
+	fs.DurationVar(&o.retention, "retention", 0, "stats, pending: the Clients' retention (idem.WithRetention), for the records' ages; 0: for stats, the longest TTL left of a finished record, for pending, idem's default (24h)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -240,14 +234,14 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 
 func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("no command given: want status KEY, forget KEY, resolve KEY, retry KEY, stats, pending or check")
+		return usagef("no command given: want status KEY, forget KEY, resolve KEY, stats, pending or check")
 	}
 	cmd, args := args[0], args[1:]
-	wantKey := cmd == "status" || cmd == "forget" || cmd == "resolve" || cmd == "retry"
+	wantKey := cmd == "status" || cmd == "forget" || cmd == "resolve"
 	switch cmd {
-	case "status", "forget", "resolve", "stats", "check", "pending", "retry":
+	case "status", "forget", "resolve", "stats", "pending", "check":
 	default:
-		return usagef("unknown command %q: want status KEY, forget KEY, resolve KEY, retry KEY, stats, pending or check", cmd)
+		return usagef("unknown command %q: want status KEY, forget KEY, resolve KEY, stats, pending or check", cmd)
 	}
 	switch {
 	case wantKey && len(args) == 0:
@@ -272,12 +266,12 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return usagef("resolve needs what happened, one of -not-applied (the effect did not happen) or -value JSON (it happened, with this value)")
 	case cmd == "resolve" && !o.yes:
 		return usagef("resolve tells the service what step %q of %q did, and it acts on it (acts again, or goes on as if it had acted); ask the provider first, then add -yes", o.step, args[0])
-	case cmd != "pending" && (o.raw || o.keySecret != ""):
-		return usagef("-raw and -key-secret are pending's; %s does not take them", cmd)
 	case o.prefix == "" || strings.ContainsAny(o.prefix, "{}"):
 		return usagef("-prefix %q: must be non-empty and without '{' or '}'", o.prefix)
 	case o.top < 0 || o.sample < 0 || o.batch < 1:
 		return usagef("-top and -sample must not be negative, and -batch must be positive")
+	case o.raw && cmd != "pending":
+		return usagef("-raw is pending's; %s does not take it", cmd)
 	case o.retention < 0:
 		return usagef("-retention %v: must not be negative", o.retention)
 	}
@@ -311,8 +305,6 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return check(ctx, o, rdb, out)
 	case "pending":
 		return pending(ctx, o, rdb, out)
-	case "retry":
-		return retry(ctx, o, rdb, args[0], out)
 	}
 	return stats(ctx, o, rdb, out, stderr)
 }
@@ -467,8 +459,11 @@ func printStatus(out *printer, j statusJSON, st idem.Status) {
 		out.printf("scope:    %q (an HTTP request's key, as httpidem stores it for that principal)\n", *j.Scope)
 	}
 	out.printf("state:    %s\n", j.State)
-	if j.Step != "" {
+	switch {
+	case j.Step != "":
 		out.printf("step:     %s (parked: its outcome is unknown)\n", j.Step)
+	case st.State == idem.StateParked:
+		out.printf("          parked: its recoveries did not finish it (idem.WithMaxRecoveries)\n")
 	}
 	if st.State == idem.StateAbsent {
 		if j.Tombstone {

@@ -367,8 +367,10 @@ func scanNode(ctx context.Context, o options, node *redis.Client, scanned *atomi
 }
 
 // sortKeys sorts the keys under the prefix: records (<prefix>:{<key>}, but
-// not the hashes of steps' checkpoints, <prefix>:{<key>}:steps: a record's
-// key ends with its '}'), tombstone buckets and late-retry counts
+// not the hashes of steps' checkpoints, <prefix>:{<key>}:steps, the stored
+// inputs of registered operations, <prefix>:{<key>}:in, nor the buckets of
+// their index, <prefix>:{<tag>}:pending: a record's key ends with its
+// '}', as idem escapes the '}' of a key), tombstone buckets and late-retry counts
 // (<prefix>:t:{<tag>}..., see lua/tombstone.lua; not the registry of
 // their windows, <prefix>:t:{<tag>}:w). Other keys are not idem's.
 func sortKeys(prefix string, keys []string) (records, buckets, late []string) {
@@ -376,7 +378,7 @@ func sortKeys(prefix string, keys []string) (records, buckets, late []string) {
 	for _, k := range keys {
 		switch {
 		case strings.HasPrefix(k, rec):
-			if !strings.HasSuffix(k, "}:steps") {
+			if strings.HasSuffix(k, "}") {
 				records = append(records, k)
 			}
 		case strings.HasPrefix(k, tomb) && isLateKey(k):
@@ -447,8 +449,10 @@ func readBatch(ctx context.Context, node *redis.Client, keys []string, t *tally,
 
 // markParked reads the steps of the unfinished records among recs (in
 // progress, lease ended, released), in one pipeline, and counts those
-// with a parked checked step as parked: they run again only once an
-// operator resolves the step (idemctl resolve), as Status says.
+// with a parked checked step as parked, and those that their recoveries
+// did not finish (idem.WithMaxRecoveries, marked recoveriesParked at
+// idem's PARKED field): they run again only once an operator resolves the step
+// (idemctl resolve) or retries them (idemctl retry), as Status says.
 func markParked(ctx context.Context, node *redis.Client, recs []record) error {
 	pipe := node.Pipeline()
 	vals := make([]*redis.StringSliceCmd, len(recs))
@@ -468,7 +472,7 @@ func markParked(ctx context.Context, node *redis.Client, recs []record) error {
 			continue
 		}
 		for _, s := range v.Val() {
-			if len(s) > 0 && s[0] == stepParked || s == recoveriesParked {
+			if len(s) > 0 && (s[0] == stepParked || s == recoveriesParked) {
 				recs[i].state = stParked
 				break
 			}

@@ -1,6 +1,7 @@
 package httpidem_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strings"
@@ -157,4 +158,32 @@ func TestRecoveryOptionChecked(t *testing.T) {
 			httpidem.New(keys, o, httpidem.WithLogger(nil))
 		}()
 	}
+}
+
+// A recoverable debit that commits its response through the ledger debits
+// once, as without WithRecovery: a retry after Redis lost everything runs
+// the handler, whose commit meets the row, and gets the committed response.
+func TestRecoveryLedgerDebitOnce(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		bk := newBank()
+		h := &debitHandler{bank: bk}
+		var srvs []string
+		for range 2 {
+			c := b.Idem(t, idem.WithLedger(bk), idem.WithLogger(nil))
+			srvs = append(srvs, serve(t, httpidem.New(c, httpidem.WithRecovery("debit"), httpidem.WithLogger(nil))(h)).URL)
+		}
+		hc := httpClient(t)
+		q := req{key: "debit-r1", body: `{"Amount":100}`}
+		first := send(t, hc, srvs[0], q)
+		if first.status != http.StatusCreated || first.replayed() || first.body != `{"receipt":1,"amount":100}` {
+			t.Fatalf("first: %d replayed %v %s", first.status, first.replayed(), first.body)
+		}
+		sameResponse(t, "retry", send(t, hc, srvs[1], q), first)
+		redisClient(t, b).FlushAll(context.Background())
+		sameResponse(t, "retry after FLUSHALL", send(t, hc, srvs[1], q), first)
+		sameResponse(t, "retry after the ledger's replay", send(t, hc, srvs[0], q), first)
+		if bal, n := bk.state(); bal != 900 || n != 1 {
+			t.Fatalf("balance %d after %d movements; want 900 after 1", bal, n)
+		}
+	})
 }

@@ -234,21 +234,22 @@ var parkedField = strings.Repeat("!", 257)
 
 // printPending prints j as a table.
 func printPending(out *printer, o options, j pendingJSON, now time.Time) {
-	how := "(-retention)"
-	if o.retention == 0 {
-		how = "(idem's default; give -retention if the Clients use another)"
-	}
-	out.printf("%d unfinished, %d parked registered operations (%d index buckets under %q; ages with retention %v %s)\n",
-		j.Unfinished, j.Parked, j.Buckets, o.prefix, time.Duration(j.RetentionMS)*time.Millisecond, how)
+	out.printf("%d unfinished and %d parked registered operations, in the %d buckets of the index under %q\n",
+		j.Unfinished, j.Parked, j.Buckets, o.prefix)
 	if len(j.Operations) == 0 {
 		return
 	}
-	if !o.raw {
-		if j.DigestSecret == "env" {
-			out.printf("keys by their digest with %s, as the services' events and logs name them (-raw: the keys)\n", keySecretEnv)
-		} else {
-			out.printf("keys by a digest of this run only (set %s to the services' idem.WithEventKeySecret to match their logs; -raw: the keys)\n", keySecretEnv)
-		}
+	how := "-retention"
+	if o.retention == 0 {
+		how = "idem's default: give -retention if the Clients use another"
+	}
+	out.printf("ages: since the last claim, for a retention of %v (%s)\n", time.Duration(j.RetentionMS)*time.Millisecond, how)
+	switch {
+	case o.raw:
+	case j.DigestSecret == "env":
+		out.printf("keys: by their digest with %s, as the services' events and logs name them (-raw: the keys)\n", keySecretEnv)
+	default:
+		out.printf("keys: by a digest of this run only (set %s to the services' idem.WithEventKeySecret to match their logs; -raw: the keys)\n", keySecretEnv)
 	}
 	out.printf("\n")
 	tw := tabwriter.NewWriter(out.w, 0, 0, 2, ' ', 0)

@@ -114,7 +114,7 @@ func TestPending(t *testing.T) {
 
 	r = idemctl(t, "-redis", srv.Addr(), "pending")
 	r.mustExit(t, 0)
-	for _, want := range []string{"2 unfinished, 1 parked", "OPERATION", "refund", "debit", "released", "idemctl retry KEY", "is a Recover loop running where \"refund\" is registered?"} {
+	for _, want := range []string{"2 unfinished and 1 parked", "OPERATION", "refund", "debit", "released", "idemctl retry KEY", "is a Recover loop running where \"refund\" is registered?"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("pending does not say %q:\n%s", want, r.stdout)
 		}

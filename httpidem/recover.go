@@ -91,8 +91,10 @@ type live struct {
 }
 
 // serve runs the handler for l's request on ctx (idem's fn context) and
-// returns its outcome for idem to store.
+// returns its outcome for idem to store. The handler's context does not
+// carry l: a Recover loop started from it recovers, it does not serve l.
 func (m *middleware) serve(ctx context.Context, l *live) ([]byte, error) {
+	ctx = context.WithValue(ctx, liveKey{}, (*live)(nil))
 	l.rec = newRecorder(l.w, l.g, m.cfg.maxResponse, m.private)
 	m.next.ServeHTTP(l.rec, l.r.WithContext(ctx))
 	l.decided, l.mine = idem.LedgerDecided(ctx)
@@ -102,7 +104,7 @@ func (m *middleware) serve(ctx context.Context, l *live) ([]byte, error) {
 // register registers m's operation (WithRecovery) on its Client.
 func (m *middleware) register() {
 	m.op = idem.Register(m.c, m.cfg.recovery, func(ctx context.Context, q request) ([]byte, error) {
-		if l, ok := ctx.Value(liveKey{}).(*live); ok {
+		if l, _ := ctx.Value(liveKey{}).(*live); l != nil {
 			return m.serve(ctx, l)
 		}
 		return m.recover(ctx, q)

@@ -63,6 +63,9 @@ func TestRecoveredRequestRedispatched(t *testing.T) {
 	seen := make(chan *http.Request, 1)
 	var seenBody, seenScope string
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l, _ := r.Context().Value(liveKey{}).(*live); l != nil {
+			t.Errorf("the handler's context carries the request the middleware serves")
+		}
 		if runs.Add(1) == 1 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return

@@ -167,8 +167,7 @@ func describePending(ctx context.Context, o options, rdb redis.UniversalClient, 
 	type cmds struct {
 		head  *redis.StringCmd
 		pttl  *redis.DurationCmd
-		steps *redis.IntCmd
-		park  *redis.BoolCmd
+		steps *redis.StringSliceCmd
 	}
 	cs := make([]cmds, len(ops))
 	pipe := rdb.Pipeline()
@@ -177,8 +176,7 @@ func describePending(ctx context.Context, o options, rdb redis.UniversalClient, 
 		cs[i] = cmds{
 			head:  pipe.GetRange(ctx, rk+":in", 0, 257),
 			pttl:  pipe.PTTL(ctx, rk),
-			steps: pipe.HLen(ctx, rk+":steps"),
-			park:  pipe.HExists(ctx, rk+":steps", parkedField),
+			steps: pipe.HKeys(ctx, rk+":steps"),
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !isPerKey(err) {
@@ -193,9 +191,10 @@ func describePending(ctx context.Context, o options, rdb redis.UniversalClient, 
 			age := (retention - d).Milliseconds()
 			op.AgeMS = &age
 		}
-		op.StepsDone = cs.steps.Val()
-		if cs.park.Val() {
-			op.StepsDone--
+		for _, f := range cs.steps.Val() {
+			if f != "" && f != parkedField {
+				op.StepsDone++
+			}
 		}
 		st, err := c.Status(ctx, op.raw)
 		if err != nil && !errors.Is(err, idem.ErrCorrupt) {
@@ -229,7 +228,8 @@ func parseInputHead(h string) (name string, recoveries int) {
 }
 
 // parkedField is idem's PARKED (lua/record.lua): the field of a record's
-// checkpoints that marks its operation parked.
+// checkpoints that marks its operation parked, not a step done (nor is
+// the field "", their bytes' count).
 var parkedField = strings.Repeat("!", 257)
 
 // printPending prints j as a table.

@@ -77,7 +77,7 @@ func TestPending(t *testing.T) {
 	hour := strconv.Itoa(int(time.Hour.Milliseconds()))
 	for _, ix := range []indexed{
 		{key: "pay-released", name: "debit", record: rec('r', "", "owner-a", 2, hour), recoveries: 1,
-			steps: map[string]string{"reserve": "dvalue"}, due: ms(40 * time.Second)},
+			steps: map[string]string{"reserve": "dvalue", "": "6"}, due: ms(40 * time.Second)},
 		{key: "pay-parked", name: "debit", record: rec('r', "", "owner-b", 6, hour), recoveries: 5,
 			steps: map[string]string{"reserve": "dvalue", "ship": "dvalue", parkedField: "k"}, due: parkedDue},
 		{key: "pay-overdue", name: "refund", record: rec('p', "", "owner-c", 1, hour), due: ms(-20 * time.Second)},

@@ -17,7 +17,9 @@ import (
 //	done                      the stored response, with Idempotent-Replayed: true
 //	in progress               409, ProblemInProgress, with Retry-After
 //	not finished (released)   409, ProblemNotFinished: send the request again
-//	parked                    409, ProblemParked or ProblemOutcomeUnknown
+//	parked                    409, ProblemParked (its recoveries did not finish it,
+//	                          idem.WithMaxRecoveries) or ProblemOutcomeUnknown (a
+//	                          checked step's outcome is unknown)
 //	retention over, tombstone 410, ProblemLateRetry
 //	unknown key               404, ProblemKeyUnknown
 //	no key                    400, ProblemKeyMissing; other methods 405
@@ -65,6 +67,9 @@ func (m *middleware) serveStatus(w http.ResponseWriter, r *http.Request) {
 		m.retryAfter(w)
 		m.fail(w, ProblemInProgress, http.StatusConflict,
 			"the request with this "+m.cfg.header+" is still being processed; check again after Retry-After seconds")
+	case st.State == idem.StateParked && st.Step == "":
+		m.fail(w, ProblemParked, http.StatusConflict,
+			"the operation of this "+m.cfg.header+" did not finish after its recoveries and is parked until an operator retries it; do not start it again under a new key")
 	case st.State == idem.StateParked:
 		m.fail(w, ProblemOutcomeUnknown, http.StatusConflict,
 			"the outcome of this "+m.cfg.header+"'s operation is unknown and under reconciliation by an operator; do not start it again under a new key")

@@ -5,6 +5,7 @@
 //	idemctl forget KEY -yes      delete one key's record and tombstone; say what the next call does
 //	idemctl stats [flags]        every record under the prefix: states, attempts, sizes, TTLs
 //	idemctl pending [flags]      the unfinished and parked registered operations (idem.Register)
+//	idemctl retry KEY -yes       un-park KEY's operation, parked after its recoveries: it runs again
 //	idemctl check [flags]        whether Redis can keep idem's promises (idem's Client.Check)
 //
 // Flags go before or after the command and its key; -- ends them, for a
@@ -93,6 +94,10 @@ Commands:
                end, steps done, and when a Recover loop takes it over; the key
                digests match the services' logs with IDEMCTL_KEY_SECRET set to
                their idem.WithEventKeySecret
+  retry KEY    un-park KEY's registered operation, parked after its recoveries
+               (idem.WithMaxRecoveries) did not finish it (idem's Client.Retry):
+               the next Recover sweep where it is registered, or the next call
+               with KEY, runs it again; needs -yes
   check        check that Redis can keep idem's promises (idem's Client.Check):
                problems, each with what to change, and notes on persistence
                and replication
@@ -118,6 +123,7 @@ type options struct {
 	scope   *string // -scope: the key is an HTTP request's of this principal; nil without
 	json    bool
 	raw     bool // pending: print keys, not their digests
+	limit   int  // pending: list at most this many
 	yes     bool
 	timeout time.Duration
 	// step, notApplied and value are resolve's: the parked step's name,
@@ -171,10 +177,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.redis, "redis", "localhost:6379", "Redis `address` (host:port) or URL (redis://[user:password@]host:port[/db], rediss:// for TLS); with -cluster, addresses separated by commas")
 	fs.BoolVar(&o.cluster, "cluster", false, "talk to a Redis Cluster: stats and check visit every master")
 	fs.StringVar(&o.prefix, "prefix", "idem", "the `prefix` of idem's records (idem.WithPrefix)")
-	scope := fs.String("scope", "", "status, forget: KEY is an HTTP Idempotency-Key that httpidem stored for this `principal` (what WithScope returned; '' without WithScope)")
+	scope := fs.String("scope", "", "status, forget, resolve, retry: KEY is an HTTP Idempotency-Key that httpidem stored for this `principal` (what WithScope returned; '' without WithScope)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
 	fs.BoolVar(&o.raw, "raw", false, "pending: print the keys themselves, not their digests")
-	fs.BoolVar(&o.yes, "yes", false, "confirm forget and resolve")
+	fs.IntVar(&o.limit, "limit", 10000, "pending: list at most this many operations")
+	fs.BoolVar(&o.yes, "yes", false, "confirm forget, resolve and retry")
 	fs.StringVar(&o.step, "step", "", "resolve: the `name` of the parked step")
 	fs.BoolVar(&o.notApplied, "not-applied", false, "resolve: the step's effect did not happen (the next call acts again)")
 	fs.StringVar(&o.value, "value", "", "resolve: the step's effect happened, with this `JSON` value: a string (\"ch_123\"), number or boolean, of the step's type")
@@ -234,14 +241,14 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 
 func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("no command given: want status KEY, forget KEY, resolve KEY, stats, pending or check")
+		return usagef("no command given: want status KEY, forget KEY, resolve KEY, retry KEY, stats, pending or check")
 	}
 	cmd, args := args[0], args[1:]
-	wantKey := cmd == "status" || cmd == "forget" || cmd == "resolve"
+	wantKey := cmd == "status" || cmd == "forget" || cmd == "resolve" || cmd == "retry"
 	switch cmd {
-	case "status", "forget", "resolve", "stats", "pending", "check":
+	case "status", "forget", "resolve", "retry", "stats", "pending", "check":
 	default:
-		return usagef("unknown command %q: want status KEY, forget KEY, resolve KEY, stats, pending or check", cmd)
+		return usagef("unknown command %q: want status KEY, forget KEY, resolve KEY, retry KEY, stats, pending or check", cmd)
 	}
 	switch {
 	case wantKey && len(args) == 0:
@@ -253,7 +260,7 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 	case wantKey && args[0] == "":
 		return usagef("%s: the KEY is empty", cmd)
 	case !wantKey && o.scope != nil:
-		return usagef("-scope names the key of status and forget; %s takes no key", cmd)
+		return usagef("-scope names the key of status, forget, resolve and retry; %s takes no key", cmd)
 	case !wantKey && o.ledger != "":
 		return usagef("-ledger is read by status and forget; %s does not read the ledger", cmd)
 	case cmd == "forget" && !o.yes:
@@ -264,10 +271,14 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return usagef("resolve needs the parked step's name: idemctl resolve KEY -step NAME (-not-applied | -value JSON) -yes")
 	case cmd == "resolve" && o.notApplied == (o.value != ""):
 		return usagef("resolve needs what happened, one of -not-applied (the effect did not happen) or -value JSON (it happened, with this value)")
+	case cmd == "retry" && !o.yes:
+		return usagef("retry runs the operation of %q again (the next Recover sweep, or the next call with the key): add -yes to confirm (idemctl retry KEY -yes)", args[0])
 	case cmd == "resolve" && !o.yes:
 		return usagef("resolve tells the service what step %q of %q did, and it acts on it (acts again, or goes on as if it had acted); ask the provider first, then add -yes", o.step, args[0])
 	case o.prefix == "" || strings.ContainsAny(o.prefix, "{}"):
 		return usagef("-prefix %q: must be non-empty and without '{' or '}'", o.prefix)
+	case o.limit < 1:
+		return usagef("-limit %d: must be positive", o.limit)
 	case o.top < 0 || o.sample < 0 || o.batch < 1:
 		return usagef("-top and -sample must not be negative, and -batch must be positive")
 	case o.raw && cmd != "pending":
@@ -301,6 +312,8 @@ func dispatch(ctx context.Context, o options, args []string, stdout, stderr io.W
 		return forget(ctx, o, rdb, ldb, args[0], out)
 	case "resolve":
 		return resolve(ctx, o, rdb, args[0], out)
+	case "retry":
+		return retry(ctx, o, rdb, args[0], out)
 	case "check":
 		return check(ctx, o, rdb, out)
 	case "pending":

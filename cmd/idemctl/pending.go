@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -17,31 +16,22 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The index of unfinished registered operations (idem.Register), as idem's
-// lua/record.lua ("The index") writes it: sorted sets at
-// <prefix>:{<tag>}:pending, one per hash slot on a cluster and
-// singleBuckets elsewhere, bucket b's tag the first base-36 number whose
-// CRC-16 falls in slot b; each member is an operation's key, its score the
-// server time in ms at which it is due for recovery, parkedDue when it is
-// parked. The stored input at <record>:in starts with "1", the length of
-// the operation's name (one byte), the name, and the count of recoveries
-// since a caller last claimed it (one byte).
-const (
-	singleBuckets = 1024
-	pendingSuffix = "}:pending"
-	parkedDue     = 1 << 52
-)
-
 // keySecretEnv names the environment variable that holds the services'
 // idem.WithEventKeySecret, so that pending's key digests match their logs.
 const keySecretEnv = "IDEMCTL_KEY_SECRET"
 
+// parkedField is idem's PARKED (lua/record.lua): the field of a record's
+// checkpoints that marks its operation parked, not a step done (nor is
+// the field "", their bytes' count).
+var parkedField = strings.Repeat("!", 257)
+
 // pendingJSON is pending's -json output.
 type pendingJSON struct {
-	Buckets    int       `json:"buckets"`
 	Now        time.Time `json:"now"` // the server's
 	Unfinished int       `json:"unfinished"`
 	Parked     int       `json:"parked"`
+	// Limited says that -limit cut the list short.
+	Limited bool `json:"limited"`
 	// RetentionMS is the retention that ages are computed with
 	// (-retention, or idem's default).
 	RetentionMS int64 `json:"retention_ms"`
@@ -67,57 +57,21 @@ type pendingOp struct {
 	// when it is parked (Parked).
 	NextRecovery *time.Time `json:"next_recovery,omitempty"`
 	Parked       bool       `json:"parked"`
-	due          int64      // the score, ms
 	raw          string     // the key, whether or not -raw prints it
 }
 
-// slotTags returns, for each of the 16384 slots, the first base-36 number
-// whose CRC-16 falls in it, as idem computes its buckets' tags.
-var slotTags = sync.OnceValue(func() *[16384]string {
-	var tags [16384]string
-	for n, left := 0, len(tags); left > 0; n++ {
-		t := strconv.FormatInt(int64(n), 36)
-		if s := crc16(t) % 16384; tags[s] == "" {
-			tags[s] = t
-			left--
-		}
-	}
-	return &tags
-})
-
-// crc16 is CRC-16/XMODEM, Redis Cluster's key hash.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
-
-// pending lists the index of unfinished registered operations: every
-// bucket read in one pipeline (no SCAN), then each entry's record.
+// pending lists the unfinished and parked registered operations from
+// idem's index of them (Client.Pending: its buckets in one pipeline, no
+// SCAN), each with what its record says, due first, parked last.
 func pending(ctx context.Context, o options, rdb redis.UniversalClient, out *printer) error {
-	n := singleBuckets
-	if o.cluster {
-		n = 16384
-	}
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
 		return err
 	}
-	pipe := rdb.Pipeline()
-	zs := make([]*redis.ZSliceCmd, n)
-	for b := range n {
-		zs[b] = pipe.ZRangeWithScores(ctx, o.prefix+":{"+slotTags()[b]+pendingSuffix, 0, -1)
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !isPerKey(err) {
+	c := client(o, rdb)
+	defer c.Close()
+	list, err := c.Pending(ctx, o.limit+1)
+	if err != nil {
 		return err
 	}
 	secret, how := []byte(os.Getenv(keySecretEnv)), "env"
@@ -129,21 +83,30 @@ func pending(ctx context.Context, o options, rdb redis.UniversalClient, out *pri
 	if retention == 0 {
 		retention = 24 * time.Hour // idem's default (idem.WithRetention)
 	}
-	j := pendingJSON{Buckets: n, Now: now.UTC(), RetentionMS: retention.Milliseconds(), DigestSecret: how, Operations: []pendingOp{}}
-	for _, z := range zs {
-		for _, m := range z.Val() {
-			key, _ := m.Member.(string)
-			op := pendingOp{KeyDigest: idem.EventKeyDigest(secret, key), due: int64(m.Score), raw: key}
-			if o.raw {
-				op.Key = key
-			}
-			j.Operations = append(j.Operations, op)
-		}
+	j := pendingJSON{Now: now.UTC(), RetentionMS: retention.Milliseconds(), DigestSecret: how, Operations: []pendingOp{}}
+	if len(list) > o.limit {
+		list, j.Limited = list[:o.limit], true
 	}
-	if err := describePending(ctx, o, rdb, j.Operations, retention); err != nil {
+	for _, p := range list {
+		op := pendingOp{KeyDigest: idem.EventKeyDigest(secret, p.Key), Operation: p.Name, Recoveries: p.Recoveries, Parked: p.Parked, raw: p.Key}
+		if o.raw {
+			op.Key = p.Key
+		}
+		if !p.Parked {
+			t := p.Due.UTC()
+			op.NextRecovery = &t
+		}
+		j.Operations = append(j.Operations, op)
+	}
+	if err := describePending(ctx, c, o, rdb, j.Operations, retention); err != nil {
 		return err
 	}
-	slices.SortStableFunc(j.Operations, func(a, b pendingOp) int { return int(a.due - b.due) })
+	slices.SortStableFunc(j.Operations, func(a, b pendingOp) int {
+		if a.Parked || b.Parked {
+			return cmpBool(a.Parked, b.Parked)
+		}
+		return a.NextRecovery.Compare(*b.NextRecovery)
+	})
 	for _, op := range j.Operations {
 		if op.Parked {
 			j.Parked++
@@ -159,13 +122,12 @@ func pending(ctx context.Context, o options, rdb redis.UniversalClient, out *pri
 }
 
 // describePending fills in each entry from its record (idem's Status), its
-// stored input's header, its TTL and its steps' checkpoints.
-func describePending(ctx context.Context, o options, rdb redis.UniversalClient, ops []pendingOp, retention time.Duration) error {
+// TTL and its steps' checkpoints.
+func describePending(ctx context.Context, c *idem.Client, o options, rdb redis.UniversalClient, ops []pendingOp, retention time.Duration) error {
 	if len(ops) == 0 {
 		return nil
 	}
 	type cmds struct {
-		head  *redis.StringCmd
 		pttl  *redis.DurationCmd
 		steps *redis.StringSliceCmd
 	}
@@ -174,7 +136,6 @@ func describePending(ctx context.Context, o options, rdb redis.UniversalClient, 
 	for i, op := range ops {
 		rk := recordKey(o.prefix, op.raw)
 		cs[i] = cmds{
-			head:  pipe.GetRange(ctx, rk+":in", 0, 257),
 			pttl:  pipe.PTTL(ctx, rk),
 			steps: pipe.HKeys(ctx, rk+":steps"),
 		}
@@ -182,11 +143,8 @@ func describePending(ctx context.Context, o options, rdb redis.UniversalClient, 
 	if _, err := pipe.Exec(ctx); err != nil && !isPerKey(err) {
 		return err
 	}
-	c := client(o, rdb)
-	defer c.Close()
 	for i := range ops {
 		op, cs := &ops[i], cs[i]
-		op.Operation, op.Recoveries = parseInputHead(cs.head.Val())
 		if d := cs.pttl.Val(); d > 0 {
 			age := (retention - d).Milliseconds()
 			op.AgeMS = &age
@@ -208,34 +166,30 @@ func describePending(ctx context.Context, o options, rdb redis.UniversalClient, 
 			t := st.LeaseEnds.UTC()
 			op.LeaseEnds = &t
 		}
-		op.Parked = op.due >= parkedDue || st.State == idem.StateParked
-		if !op.Parked {
-			t := time.UnixMilli(op.due).UTC()
-			op.NextRecovery = &t
+		if st.State == idem.StateParked {
+			op.Parked, op.NextRecovery = true, nil
 		}
 	}
 	return nil
 }
 
-// parseInputHead reads the operation's name and its recoveries from the
-// head of a stored input; "" when there is none.
-func parseInputHead(h string) (name string, recoveries int) {
-	if len(h) < 3 || h[0] != '1' || len(h) < 3+int(h[1]) {
-		return "", 0
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
 	}
-	n := int(h[1])
-	return h[2 : 2+n], int(h[2+n])
+	return -1
 }
-
-// parkedField is idem's PARKED (lua/record.lua): the field of a record's
-// checkpoints that marks its operation parked, not a step done (nor is
-// the field "", their bytes' count).
-var parkedField = strings.Repeat("!", 257)
 
 // printPending prints j as a table.
 func printPending(out *printer, o options, j pendingJSON, now time.Time) {
-	out.printf("%d unfinished and %d parked registered operations, in the %d buckets of the index under %q\n",
-		j.Unfinished, j.Parked, j.Buckets, o.prefix)
+	out.printf("%d unfinished and %d parked registered operations under the prefix %q\n", j.Unfinished, j.Parked, o.prefix)
+	if j.Limited {
+		out.printf("only the first %d that the index lists (-limit)\n", o.limit)
+	}
 	if len(j.Operations) == 0 {
 		return
 	}

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,47 @@ import (
 	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
+
+// The index as lua/record.lua ("The index") documents it, written here
+// independently of idem: sorted sets at <prefix>:{<tag>}:pending, 1024 of
+// them off Cluster, bucket b's tag the first base-36 number whose CRC-16
+// falls in slot b; members the keys, scores when they are due in server
+// ms, parkedDue when parked.
+const (
+	singleBuckets = 1024
+	pendingSuffix = "}:pending"
+	parkedDue     = 1 << 52
+)
+
+// slotTags returns, for each of the 16384 slots, the first base-36 number
+// whose CRC-16 falls in it.
+var slotTags = sync.OnceValue(func() *[16384]string {
+	var tags [16384]string
+	for n, left := 0, len(tags); left > 0; n++ {
+		t := strconv.FormatInt(int64(n), 36)
+		if s := crc16(t) % 16384; tags[s] == "" {
+			tags[s] = t
+			left--
+		}
+	}
+	return &tags
+})
+
+// crc16 is CRC-16/XMODEM, Redis Cluster's key hash.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
 
 // indexed writes an unfinished registered operation the way idem's
 // scripts leave it (lua/record.lua: the record, its stored input, its
@@ -77,7 +120,7 @@ func TestPending(t *testing.T) {
 	hour := strconv.Itoa(int(time.Hour.Milliseconds()))
 	for _, ix := range []indexed{
 		{key: "pay-released", name: "debit", record: rec('r', "", "owner-a", 2, hour), recoveries: 1,
-			steps: map[string]string{"reserve": "dvalue", "": "6"}, due: ms(40 * time.Second)},
+			steps: map[string]string{"reserve": "dvalue"}, due: ms(40 * time.Second)},
 		{key: "pay-parked", name: "debit", record: rec('r', "", "owner-b", 6, hour), recoveries: 5,
 			steps: map[string]string{"reserve": "dvalue", "ship": "dvalue", parkedField: "k"}, due: parkedDue},
 		{key: "pay-overdue", name: "refund", record: rec('p', "", "owner-c", 1, hour), due: ms(-20 * time.Second)},
@@ -97,7 +140,7 @@ func TestPending(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
 		t.Fatalf("pending -json: %v\n%s", err, r.stdout)
 	}
-	if got.Unfinished != 2 || got.Parked != 1 || len(got.Operations) != 3 || got.Buckets != singleBuckets {
+	if got.Unfinished != 2 || got.Parked != 1 || len(got.Operations) != 3 || got.Limited {
 		t.Fatalf("pending -json: %+v", got)
 	}
 	first, second, third := got.Operations[0], got.Operations[1], got.Operations[2]
@@ -137,6 +180,13 @@ func TestPending(t *testing.T) {
 		t.Errorf("with %s: got %+v, want digest %s and no key", keySecretEnv, got.Operations[0], want)
 	}
 
+	r = idemctl(t, "-redis", srv.Addr(), "-limit", "1", "-json", "pending")
+	r.mustExit(t, 0)
+	got = pendingJSON{}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || len(got.Operations) != 1 || !got.Limited {
+		t.Errorf("pending -limit 1: %v %+v", err, got)
+	}
+	idemctl(t, "-redis", srv.Addr(), "-limit", "0", "pending").mustExit(t, 2, "-limit 0")
 	idemctl(t, "-redis", srv.Addr(), "-raw", "status", "x").mustExit(t, 2, "-raw is pending's")
 	idemctl(t, "-redis", srv.Addr(), "pending", "x").mustExit(t, 2, "takes no arguments")
 }
@@ -161,4 +211,71 @@ func TestStatsRegistered(t *testing.T) {
 	if got.Records != 2 || got.ByState[stReleased] != 1 || got.ByState[stParked] != 1 || got.ByState[stUnreadable] != 0 {
 		t.Fatalf("stats: %d records by state %v, want released 1, parked 1", got.Records, got.ByState)
 	}
+}
+
+// pending lists an unfinished registered operation with its name, state,
+// steps and next recovery, and a parked one as parked; retry un-parks it,
+// and refuses a key that is not parked.
+func TestPendingAndRetry(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	c := idem.New(srv.Client(t), idem.WithLogger(nil), idem.WithRecoverAfter(20*time.Millisecond), idem.WithMaxRecoveries(1))
+	defer c.Close()
+	ctx := context.Background()
+	op := idem.Register(c, "charge", func(ctx context.Context, in int) (int, error) {
+		if _, err := idem.Step(ctx, "reserve", func(context.Context) (int, error) { return in, nil }); err != nil {
+			return 0, err
+		}
+		return 0, errors.New("transient")
+	})
+	for _, k := range []string{"pay-1", "pay-2"} {
+		if _, err := op.Do(ctx, k, 1); err == nil {
+			t.Fatal("want the transient error")
+		}
+	}
+	rctx, stop := context.WithTimeout(ctx, 20*time.Second)
+	done := make(chan error, 1)
+	go func() { done <- c.Recover(rctx) }()
+	for {
+		if st, _ := c.Status(ctx, "pay-1"); st.State == idem.StateParked {
+			break
+		}
+		if rctx.Err() != nil {
+			t.Fatal("pay-1 not parked within 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+	<-done
+	// pay-2 is parked too, or about to be: un-park the first only.
+	r := idemctl(t, "-redis", srv.Addr(), "-json", "-raw", "pending")
+	r.mustExit(t, 0)
+	var got pendingJSON
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("pending -json: %v\n%s", err, r.stdout)
+	}
+	var one *pendingOp
+	for i, p := range got.Operations {
+		if p.Key == "pay-1" {
+			one = &got.Operations[i]
+		}
+	}
+	if one == nil || one.Operation != "charge" || one.State != "parked" || one.StepsDone != 1 || one.NextRecovery != nil || !one.Parked || one.Recoveries != 1 || one.KeyDigest == "" {
+		t.Fatalf("pending: %+v\n%s", one, r.stdout)
+	}
+	r = idemctl(t, "-redis", srv.Addr(), "pending")
+	r.mustExit(t, 0)
+	if !strings.Contains(r.stdout, "charge") || !strings.Contains(r.stdout, "never: parked, idemctl retry KEY runs it again") || strings.Contains(r.stdout, "pay-1") {
+		t.Fatalf("pending without -raw:\n%s", r.stdout)
+	}
+	r = idemctl(t, "-redis", srv.Addr(), "retry", "pay-1", "-yes")
+	r.mustExit(t, 0)
+	if st, _ := c.Status(ctx, "pay-1"); st.State != idem.StateReleased {
+		t.Fatalf("after retry: %v", st.State)
+	}
+	r = idemctl(t, "-redis", srv.Addr(), "retry", "pay-1", "-yes")
+	r.mustExit(t, 1, "not parked")
+	r = idemctl(t, "-redis", srv.Addr(), "retry", "nope", "-yes")
+	r.mustExit(t, 1, "no such record")
+	r = idemctl(t, "-redis", srv.Addr(), "-raw", "stats")
+	r.mustExit(t, 2, "pending's")
 }

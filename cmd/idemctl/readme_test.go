@@ -81,6 +81,39 @@ func TestReadme(t *testing.T) {
 		t.Fatalf("payment-9: %v, want parked", err)
 	}
 
+	// A service with the prefix jobs: a refund that failed transiently,
+	// which its Recover loop takes over in an hour, and one that its one
+	// recovery did not finish: parked.
+	jobs := idem.New(rdb, idem.WithPrefix("jobs"), idem.WithRecoverAfter(time.Hour), idem.WithLogger(nil))
+	defer jobs.Close()
+	down := func(context.Context, int) (string, error) { return "", errors.New("provider down") }
+	if _, err := idem.Register(jobs, "refund", down).Do(ctx, "refund-3", 5); err == nil {
+		t.Fatal("refund-3: want the transient error")
+	}
+	quick := idem.New(rdb, idem.WithPrefix("jobs"), idem.WithRecoverAfter(10*time.Millisecond), idem.WithMaxRecoveries(1), idem.WithLogger(nil))
+	defer quick.Close()
+	if _, err := idem.Register(quick, "refund", down).Do(ctx, "refund-4", 7); err == nil {
+		t.Fatal("refund-4: want the transient error")
+	}
+	rctx, stopRecover := context.WithTimeout(ctx, 30*time.Second)
+	recovered := make(chan error, 1)
+	go func() { recovered <- quick.Recover(rctx) }()
+	for {
+		st, err := quick.Status(ctx, "refund-4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State == idem.StateParked {
+			break
+		}
+		if rctx.Err() != nil {
+			t.Fatalf("refund-4 is %v after 30s, want parked", st.State)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopRecover()
+	<-recovered
+
 	bin := filepath.Dir(binary(t))
 	readmetest.Run(t, "README.md", readmetest.Options{
 		Dir:     dir,
@@ -100,5 +133,9 @@ func TestReadme(t *testing.T) {
 	})
 	if err != nil || v != "ch_1234" {
 		t.Fatalf("payment-9 after idemctl resolve: %q, %v; want ch_1234", v, err)
+	}
+	// What retry un-parked runs again.
+	if st, err := jobs.Status(ctx, "refund-4"); err != nil || st.State != idem.StateReleased {
+		t.Fatalf("refund-4 after idemctl retry: %v, %v; want released", st.State, err)
 	}
 }

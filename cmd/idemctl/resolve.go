@@ -62,3 +62,16 @@ func resolveValue(ctx context.Context, c *idem.Client, key, step, s string) erro
 	}
 	return usagef("-value %s: a JSON string, number or boolean; a step value of another type needs idem.Resolve in Go", s)
 }
+
+// retry un-parks arg's registered operation, parked after its recoveries
+// did not finish it (idem's Client.Retry).
+func retry(ctx context.Context, o options, rdb redis.UniversalClient, arg string, out *printer) error {
+	c := client(o, rdb)
+	defer c.Close()
+	key := o.key(arg)
+	if err := c.Retry(ctx, key); err != nil {
+		return err
+	}
+	out.printf("retried key %q: its operation is no longer parked; the next Recover sweep where it is registered, or the next call with the key, runs it again\n", key)
+	return out.object(map[string]any{"key": key, "retried": true})
+}

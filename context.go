@@ -82,11 +82,37 @@ type attemptCtx struct {
 	// deadline is the owner's lease deadline, in monotonic nanoseconds
 	// (mono); renewals move it later.
 	deadline atomic.Int64
-	steps    steps // of Step, in this attempt
+	// steps is the state of Step in this attempt, made by the first step
+	// (stepsOf): a call without steps pays nothing for it.
+	steps atomic.Pointer[steps]
+	// returned is set once fn returned (or panicked): later steps are
+	// refused.
+	returned atomic.Bool
 }
 
-// Value returns a *Attempt for attemptKey and a *steps for stepsKey:
-// pointers into c, which cost no allocation as interface values would; and
+// stepsOf returns the steps of this attempt, made on first use.
+func (c *attemptCtx) stepsOf() *steps {
+	if s := c.steps.Load(); s != nil {
+		return s
+	}
+	cl := c.call
+	s := &steps{c: cl.c, key: cl.key, keys: cl.claimKeys, token: cl.token, n: cl.n, p: c.pending, returned: &c.returned}
+	if !c.steps.CompareAndSwap(nil, s) {
+		return c.steps.Load() // a concurrent step made them first
+	}
+	return s
+}
+
+// endSteps notes that fn returned, and returns the attempt's steps, nil
+// when fn called none.
+func (c *attemptCtx) endSteps() *steps {
+	c.returned.Store(true)
+	return c.steps.Load()
+}
+
+// Value returns a *Attempt for attemptKey and a *steps for stepsKey
+// (made on first use): pointers, which cost no allocation as interface
+// values would; and
 // the call's *pending for pendingKey, nil (a typed nil, so pendingFrom
 // tells "no ledger" from "outside Do") without a ledger.
 func (c *attemptCtx) Value(key any) any {
@@ -94,7 +120,7 @@ func (c *attemptCtx) Value(key any) any {
 	case attemptKey:
 		return &c.a
 	case stepsKey:
-		return &c.steps
+		return c.stepsOf()
 	case pendingKey:
 		return c.pending
 	}

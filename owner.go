@@ -42,8 +42,8 @@ func (cl *call) own(ctx context.Context, deadline int64) (res []byte, retry bool
 }
 
 // prepare readies the call to own the key until deadline: fn's context on
-// cctx, the hold for Commit with a ledger, the steps, and the lease's
-// renewals, started.
+// cctx, the hold for Commit with a ledger, and the lease's renewals,
+// started (the steps are made by the first, see attemptCtx.stepsOf).
 func (cl *call) prepare(cctx context.Context, cancel context.CancelCauseFunc, deadline int64) *owning {
 	c := cl.c
 	o := &owning{fctx: attemptCtx{Context: cctx, a: Attempt{Key: cl.key, Number: cl.n}, cancel: cancel, call: cl}}
@@ -54,7 +54,6 @@ func (cl *call) prepare(cctx context.Context, cancel context.CancelCauseFunc, de
 		p = &pending{key: cl.key, fp: cl.fp, n: cl.n, maxResult: c.cfg.maxResultSize, ledger: c.cfg.ledger}
 		fctx.pending = p
 	}
-	fctx.steps.init(c, cl.key, cl.claimKeys, cl.token, cl.n, p)
 	o.lease = renewal{ctx: fctx, due: monoBase.Add(time.Duration(deadline) - 2*c.renewals.every)}
 	c.renewals.start(&o.lease)
 	return o
@@ -72,8 +71,7 @@ func (cl *call) run(ctx context.Context, o *owning) (res []byte, err error) {
 			// fn panicked (the panic goes on to the caller) or called
 			// runtime.Goexit (t.FailNow does): stop renewing, give the
 			// claim back, and let either go on.
-			fctx.steps.end()
-			cl.observeReconciled(&fctx.steps)
+			cl.observeReconciled(fctx.endSteps())
 			c.renewals.stop(&o.lease)
 			if p != nil {
 				p.close() // a commit left behind gets ErrNoLedger
@@ -93,8 +91,7 @@ func (cl *call) run(ctx context.Context, o *owning) (res []byte, err error) {
 		res, err = cl.fn(fctx)
 	}
 	returned = true
-	fctx.steps.end()
-	cl.observeReconciled(&fctx.steps)
+	cl.observeReconciled(fctx.endSteps())
 	c.renewals.stop(&o.lease)
 	return res, err
 }
@@ -119,7 +116,7 @@ func (cl *call) finish(ctx context.Context, o *owning, res []byte, err error) ([
 			err = fmt.Errorf("idem: key %q: fn returned success, but its ledger commit did not complete: nothing is recorded, and the next call looks the ledger up", cl.key)
 		}
 	}
-	if perr := fctx.steps.parkedErr(); perr != nil && o.recorded.e == nil {
+	if perr := fctx.steps.Load().parkedErr(); perr != nil && o.recorded.e == nil {
 		// A checked step is parked: the attempt ends unfinished, for an
 		// operator, whatever fn made of the step's error (returned it,
 		// wrapped it, or swallowed it and returned success).
@@ -156,7 +153,7 @@ func (cl *call) finishCommitted(ctx context.Context, fctx *attemptCtx, d decisio
 	if ferr, ok := d.v.(error); ok && d.mine && d.e.Failed {
 		err = ferr // the owner's own error, as without a ledger
 	}
-	if serr := fctx.steps.afterCommitErr(); serr != nil && d.mine {
+	if serr := fctx.steps.Load().afterCommitErr(); serr != nil && d.mine {
 		// Nothing silently lost: the outcome stands, and the owner
 		// learns which steps never ran or finished. Followers in
 		// this process claim for themselves and get the outcome.

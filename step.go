@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem/internal/codec"
@@ -140,6 +141,9 @@ func StepKey(ctx context.Context, name string) string {
 // StepFrom returns the name of the step whose fn ctx belongs to (see
 // Step). It reports false outside a step's fn.
 func StepFrom(ctx context.Context) (name string, ok bool) {
+	if ctx.Value(currentStepKey{}) == nil {
+		return "", false // before stepsKey, which would make the attempt's steps
+	}
 	s, _ := ctx.Value(stepsKey{}).(*steps)
 	if sc := currentStep(ctx, s); sc != nil {
 		return sc.name, true
@@ -168,8 +172,8 @@ const (
 	stepTaken     = 3
 )
 
-// steps is the state of one attempt's steps, part of its fn's context
-// (attemptCtx), which own sets up.
+// steps is the state of one attempt's steps, made by its first step
+// (attemptCtx.stepsOf). A nil *steps is an attempt without steps.
 type steps struct {
 	c     *Client
 	key   string   // the operation's
@@ -177,11 +181,11 @@ type steps struct {
 	token string   // the attempt owner's
 	n     int64    // the attempt number
 
-	p *pending // the call's hold for Commit; nil without a ledger
+	p        *pending     // the call's hold for Commit; nil without a ledger
+	returned *atomic.Bool // the attempt's (attemptCtx.returned): fn returned
 
 	mu      sync.Mutex
 	names   map[string]struct{} // guarded by mu; the names used in this attempt
-	ended   bool                // guarded by mu; fn returned
 	after   error               // guarded by mu; the steps refused or failed after the commit
 	parked  error               // guarded by mu; a checked step parked, or found parked, in this attempt
 	settled []reconciled        // guarded by mu; the checked steps' reconciliations, in order
@@ -193,10 +197,6 @@ type reconciled struct {
 	name  string
 	check Check
 	at    time.Time
-}
-
-func (s *steps) init(c *Client, key string, keys []string, token string, n int64, p *pending) {
-	s.c, s.key, s.keys, s.token, s.n, s.p = c, key, keys, token, n, p
 }
 
 // committed reports whether a ledger commit decided the operation's
@@ -217,6 +217,9 @@ func (s *steps) afterCommit(err error) error {
 // afterCommitErr returns the steps refused or failed after the commit, or
 // nil.
 func (s *steps) afterCommitErr() error {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.after
@@ -247,6 +250,9 @@ func (s *steps) noteReconciled(name string, c Check) {
 
 // reconciliations returns the reconciliations noted in this attempt.
 func (s *steps) reconciliations() []reconciled {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.settled
@@ -255,16 +261,12 @@ func (s *steps) reconciliations() []reconciled {
 // parkedErr returns the error of the first checked step parked in this
 // attempt, or nil.
 func (s *steps) parkedErr() error {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.parked
-}
-
-// end notes that fn returned: later steps are refused.
-func (s *steps) end() {
-	s.mu.Lock()
-	s.ended = true
-	s.mu.Unlock()
 }
 
 type stepsKey struct{}
@@ -292,7 +294,7 @@ func stepsFor(ctx context.Context, name string) (*steps, error) {
 func (s *steps) reserve(name string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended {
+	if s.returned.Load() {
 		return fmt.Errorf("idem: step %q called after its Do call's fn returned", name)
 	}
 	if _, dup := s.names[name]; dup {

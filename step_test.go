@@ -279,6 +279,20 @@ func TestStepMisuse(t *testing.T) {
 		}
 		_, err = idem.Step(leaked, "late", count)
 		wantErr("after fn returned", err, `"late"`, "after its Do call's fn returned")
+		// An fn that made no step: its first step, after it returned, is
+		// refused as well.
+		_, err = c.Do(ctx, "misuse-none", "", func(ctx context.Context) ([]byte, error) {
+			leaked = ctx
+			return nil, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = idem.Step(leaked, "late", count)
+		wantErr("after a stepless fn returned", err, `"late"`, "after its Do call's fn returned")
+		if name, ok := idem.StepFrom(leaked); ok {
+			t.Errorf("StepFrom outside a step = %q, true", name)
+		}
 		if n := ran.Load(); n != 0 {
 			t.Fatalf("a refused step ran its fn %d times", n)
 		}

@@ -176,6 +176,13 @@ if ARGV[9] and ARGV[9] ~= '' then
     return {'g'}
   end
   if r >= tonumber(ARGV[9]) then
+    -- Parking ends the lease of an owner whose lease ran out but that
+    -- may still be alive (model/idem.pml, mutant MR4): released, its
+    -- renewals and its outcome are refused, and it runs no parked
+    -- operation.
+    if st == 'p' then
+      redis.call('SET', KEYS[1], '1r' .. string.sub(s, 3), 'KEEPTTL')
+    end
     park(KEYS[1], KEYS[2], KEYS[#KEYS], ARGV[7], ARGV[2])
     return {'k', n, ''}
   end

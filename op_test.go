@@ -122,3 +122,21 @@ func TestRegisterTwicePanicsAndInputLimit(t *testing.T) {
 		t.Fatalf("small input: %v, ran %v", err, ran)
 	}
 }
+
+// MaxInputSize is the largest encoded input stored: an input that encodes
+// to exactly MaxInputSize bytes is stored and runs; one byte more is
+// ErrInputTooLarge, and fn does not run.
+func TestOpInputAtTheLimit(t *testing.T) {
+	t.Parallel()
+	c := idemtest.Miniredis(t).Idem(t, idem.WithLogger(nil))
+	ran := 0
+	op := idem.Register(c, "edge", func(ctx context.Context, in []byte) (int, error) { ran++; return len(in), nil })
+	// msgpack's bin 16: 3 bytes of header, then the bytes.
+	exact := make([]byte, idem.MaxInputSize-3)
+	if n, err := op.Do(context.Background(), "exact", exact); err != nil || n != len(exact) || ran != 1 {
+		t.Fatalf("an input of exactly MaxInputSize encoded bytes: %d, %v, ran %d; want it run", n, err, ran)
+	}
+	if _, err := op.Do(context.Background(), "over", make([]byte, idem.MaxInputSize-2)); !errors.Is(err, idem.ErrInputTooLarge) || ran != 1 {
+		t.Fatalf("an input one byte over: %v, ran %d; want ErrInputTooLarge, fn not run", err, ran)
+	}
+}

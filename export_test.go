@@ -31,6 +31,11 @@ func ChannelKey(c *Client, key string) string { return c.keys(key)[1] }
 // Subscribed is the number of channels c's hub is subscribed to.
 func Subscribed(c *Client) int { return c.hub.Subscribed() }
 
+// Confirmed returns the number of c's channels whose subscription the
+// server has confirmed (Subscribed counts them from the first Watch,
+// before the SUBSCRIBE is even sent).
+func Confirmed(c *Client) int { return c.hub.Confirmed() }
+
 // WithPollInterval sets the longest pause between a waiter's polls (500ms
 // by default; at least 1ms).
 func WithPollInterval(d time.Duration) Option {

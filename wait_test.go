@@ -174,11 +174,18 @@ func mustBeWoken(t *testing.T, since time.Time) {
 	}
 }
 
-// awaitSubscribed returns once waiter's one subscription is in place and
-// the recheck after its confirmation has had time to pass.
+// awaitSubscribed returns once the server has confirmed waiter's one
+// subscription and the recheck after that confirmation has had time to
+// pass. It waits for the confirmation, not for the Watch: under load the
+// SUBSCRIBE can reach the server well after the Watch is registered, and a
+// test that then kills the pub/sub connection, or publishes, would find no
+// subscription on the server (TestPubSubKilledWhileWaiting's "killed 0
+// pub/sub connections" came from there).
 func awaitSubscribed(t *testing.T, waiter *idem.Client) {
 	t.Helper()
-	idemtest.Eventually(t, 5*time.Second, "the waiter's subscription", func() bool { return idem.Subscribed(waiter) == 1 })
+	idemtest.Eventually(t, 10*time.Second, "the waiter's subscription, confirmed by the server", func() bool {
+		return idem.Subscribed(waiter) == 1 && idem.Confirmed(waiter) == 1
+	})
 	time.Sleep(20 * time.Millisecond)
 }
 

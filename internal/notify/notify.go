@@ -433,6 +433,21 @@ func (h *Hub) Subscribed() int {
 	return len(h.chans)
 }
 
+// Confirmed returns the number of channels whose subscription the server
+// has confirmed on the current connection: from then on the server holds
+// the subscription, and no message published to them is missed.
+func (h *Hub) Confirmed() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, cs := range h.chans {
+		if cs.confirmed {
+			n++
+		}
+	}
+	return n
+}
+
 // Done is closed by Close.
 func (h *Hub) Done() <-chan struct{} { return h.done }
 

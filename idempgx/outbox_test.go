@@ -98,8 +98,24 @@ func (o *outboxDB) relay(t *testing.T, rdb redis.UniversalClient, opts ...idempg
 func TestOutbox(t *testing.T) {
 	t.Parallel()
 	ledgertest.ExerciseOutbox(t, ledgertest.OutboxDriver{Name: "idempgx",
-		Open:         func(tb testing.TB) ledgertest.Outbox { return newOutboxDB(tb) },
+		Open:         func(tb testing.TB) ledgertest.Outbox { return newOutboxBackend(tb) },
 		EventIDField: idempgx.EventIDField, SharedRelays: true})
+}
+
+// outboxBackend is an outbox that is also the suite's Backend on the same
+// database: the consumers of ledgertest's RelayRedisRestarted apply the
+// events through its ledger, as movements.
+type outboxBackend struct {
+	*outboxDB
+	*suiteBackend
+}
+
+func newOutboxBackend(tb testing.TB) outboxBackend {
+	o := newOutboxDB(tb)
+	if _, err := o.pool.Exec(context.Background(), "CREATE TABLE suite_movements (account text NOT NULL)"); err != nil {
+		tb.Fatal(err)
+	}
+	return outboxBackend{o, &suiteBackend{tb: tb, pool: o.pool, l: o.ledger, dsn: o.dsn}}
 }
 
 // Publish is ledgertest.Outbox's.

@@ -78,10 +78,26 @@ func TestOutbox(t *testing.T) {
 		t.Run(be.Name, func(t *testing.T) {
 			t.Parallel()
 			ledgertest.ExerciseOutbox(t, ledgertest.OutboxDriver{Name: "idemsql/" + be.Name,
-				Open:         func(tb testing.TB) ledgertest.Outbox { return newOutboxDB(tb, be) },
+				Open:         func(tb testing.TB) ledgertest.Outbox { return newOutboxBackend(tb, be) },
 				EventIDField: idemsql.EventIDField, SharedRelays: be.Name != "sqlite"})
 		})
 	}
+}
+
+// outboxBackend is an outbox that is also the suite's Backend on the same
+// database: the consumers of ledgertest's RelayRedisRestarted apply the
+// events through its ledger, as movements.
+type outboxBackend struct {
+	*outboxDB
+	*suiteBackend
+}
+
+func newOutboxBackend(tb testing.TB, be servertest.Backend) outboxBackend {
+	o := newOutboxDB(tb, be)
+	if _, err := o.db.Exec("CREATE TABLE suite_movements (account TEXT NOT NULL)"); err != nil {
+		tb.Fatal(err)
+	}
+	return outboxBackend{o, &suiteBackend{tb: tb, be: be, db: o.db, l: o.ledger}}
 }
 
 // Publish is ledgertest.Outbox's.

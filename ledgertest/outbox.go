@@ -74,6 +74,13 @@ type RelayCounts struct {
 //   - Redis down in the middle of the relay's work: batches fail and back
 //     off, the rows stay, the observer sees the failures and a lag; once
 //     Redis is back, every event is published, none twice;
+//   - a redis-server with appendonly yes and appendfsync always, killed
+//     with SIGKILL and restarted on its port 3 times while the relay moves
+//     a steady stream of committed events: after the last restart every
+//     event is in the stream at least once and the outbox is empty; when
+//     the Outbox also implements Backend (on the same database, with its
+//     movements table), two idemstream consumers applying each entry
+//     through the ledger, keyed by the event's id, apply each event once;
 //   - a relay stopped between its XADDs and its COMMIT: the next publishes
 //     that batch again, under the same ids, and nothing else twice;
 //   - with SharedRelays, two relays at once: every row published, and the
@@ -83,25 +90,25 @@ func ExerciseOutbox(t *testing.T, d OutboxDriver) {
 	if d.Open == nil || d.EventIDField == "" {
 		t.Fatal("ledgertest: OutboxDriver needs Open and EventIDField")
 	}
-	scenarios := []struct {
-		name string
-		run  func(t *testing.T, o *outboxEnv)
-	}{
-		{"PublishRollback", publishRollback},
-		{"RelayThousand", relayThousand},
-		{"RelayRedisDown", relayRedisDown},
-		{"RelayStoppedAfterXAdd", relayStoppedAfterXAdd},
+	type scenario struct {
+		name  string
+		run   func(t *testing.T, o *outboxEnv)
+		redis []dbtest.RedisOption
+	}
+	scenarios := []scenario{
+		{name: "PublishRollback", run: publishRollback},
+		{name: "RelayThousand", run: relayThousand},
+		{name: "RelayRedisDown", run: relayRedisDown},
+		{name: "RelayRedisRestarted", run: relayRedisRestarted, redis: []dbtest.RedisOption{dbtest.AppendFsyncAlways()}},
+		{name: "RelayStoppedAfterXAdd", run: relayStoppedAfterXAdd},
 	}
 	if d.SharedRelays {
-		scenarios = append(scenarios, struct {
-			name string
-			run  func(t *testing.T, o *outboxEnv)
-		}{"TwoRelays", twoRelays})
+		scenarios = append(scenarios, scenario{name: "TwoRelays", run: twoRelays})
 	}
 	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
-			r := dbtest.StartRedis(t)
+			r := dbtest.StartRedis(t, s.redis...)
 			if r == nil {
 				return // skipped: no redis-server
 			}

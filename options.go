@@ -215,12 +215,12 @@ func (c *Client) MaxResultSize() int { return c.cfg.maxResultSize }
 // nil logger discards.
 // The default is slog.Default(), as it is when a message is logged.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
-		if l == nil {
-			l = slog.New(slog.DiscardHandler)
-		}
-		c.logger = l
+	// Resolved here, not in the closure: one Option may be shared by
+	// many New calls at once, and must not write what they read.
+	if l == nil {
+		l = slog.New(slog.DiscardHandler)
 	}
+	return func(c *config) { c.logger = l }
 }
 
 // WithReplicas makes every claim and every recorded outcome wait until n

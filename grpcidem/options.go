@@ -192,10 +192,10 @@ func WithRetryAfter(d time.Duration) Option {
 // WithEventKeySecret and WithRawEventKeys apply). A nil logger discards.
 // The default is slog.Default(), as it is when a record is logged.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
-		if l == nil {
-			l = slog.New(slog.DiscardHandler)
-		}
-		c.logger = l
+	// Resolved here, not in the closure: one Option may be shared by
+	// many New calls at once, and must not write what they read.
+	if l == nil {
+		l = slog.New(slog.DiscardHandler)
 	}
+	return func(c *config) { c.logger = l }
 }

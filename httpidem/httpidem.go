@@ -430,12 +430,12 @@ func WithHandlerTimeout(d time.Duration) Option {
 // The default is slog.Default(), as it is when a message is logged, as for
 // the Client.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
-		if l == nil {
-			l = slog.New(slog.DiscardHandler)
-		}
-		c.logger = l
+	// Resolved here, not in the closure: one Option may be shared by
+	// many New calls at once, and must not write what they read.
+	if l == nil {
+		l = slog.New(slog.DiscardHandler)
 	}
+	return func(c *config) { c.logger = l }
 }
 
 // WithKeepHeaders names per-user response headers that are stored and

@@ -269,12 +269,12 @@ func WithOnDeadLetter(f func(ctx context.Context, d DeadLetter)) Option {
 // The default is slog.Default(), as it is when a record is logged (as in
 // every door: door.Logger).
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
-		if l == nil {
-			l = slog.New(slog.DiscardHandler)
-		}
-		c.logger = l
+	// Resolved here, not in the closure: one Option may be shared by
+	// many New calls at once, and must not write what they read.
+	if l == nil {
+		l = slog.New(slog.DiscardHandler)
 	}
+	return func(c *config) { c.logger = l }
 }
 
 // escapeName escapes '\' and '/' in a stream's or group's name for the

@@ -1,0 +1,33 @@
+package idem_test
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem"
+)
+
+// TestOptionsAreSafeToShare: a service builds its options once and hands
+// the same slice to every Client it makes, from many goroutines. An Option
+// that writes what it captured (WithLogger(nil) resolving its nil in the
+// closure did) is a data race that -race reports here.
+func TestOptionsAreSafeToShare(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	opts := []idem.Option{idem.WithLogger(nil), idem.WithPrefix("shared:")}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				_ = idem.New(rdb, opts...)
+			}
+		}()
+	}
+	wg.Wait()
+}

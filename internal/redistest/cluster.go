@@ -28,7 +28,8 @@ const (
 // Cluster is a Redis Cluster of servers started by StartCluster. Its
 // methods are safe for concurrent use.
 type Cluster struct {
-	nodes []*Server
+	nodes    []*Server
+	replicas int // replicas per master, as started
 }
 
 // StartCluster starts a Redis Cluster of masters masters with
@@ -48,7 +49,7 @@ func StartCluster(tb testing.TB, masters, replicasPerMaster int) *Cluster {
 		return nil
 	}
 	total := masters * (1 + replicasPerMaster)
-	c := &Cluster{}
+	c := &Cluster{replicas: replicasPerMaster}
 	extra := []string{
 		"cluster-enabled yes",
 		"cluster-config-file nodes.conf",
@@ -95,11 +96,51 @@ func StartCluster(tb testing.TB, masters, replicasPerMaster int) *Cluster {
 		tb.Fatalf("redistest: redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
 		return nil
 	}
-	if err := c.waitStable(nil, ""); err != nil {
-		tb.Fatalf("redistest: cluster did not become ready within %v: %v\nredis-cli said:\n%s\n%s", clusterTimeout, err, out, c.logTails())
-		return nil
+	// Every node must also know every master's replicas: CLUSTER REPLICATE
+	// reaches the other nodes by gossip, and a node that has not heard yet
+	// says a master has none (KillMasterOf asks one node, and failed so).
+	deadline := time.Now().Add(clusterTimeout)
+	for {
+		err := c.stable(nil, "")
+		if err == nil {
+			err = c.replicasKnown(replicasPerMaster)
+		}
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: cluster did not become ready within %v: %v\nredis-cli said:\n%s\n%s", clusterTimeout, err, out, c.logTails())
+			return nil
+		}
+		time.Sleep(clusterPoll)
 	}
 	return c
+}
+
+// replicasKnown returns nil if every live node's CLUSTER NODES names at
+// least perMaster replicas for every master that owns slots.
+func (c *Cluster) replicasKnown(perMaster int) error {
+	for _, s := range c.live() {
+		nodes, err := clusterNodes(s.Addr())
+		if err != nil {
+			return fmt.Errorf("%s: CLUSTER NODES: %w", s.Addr(), err)
+		}
+		for _, m := range nodes {
+			if !hasFlag(m, "master") || len(m.ranges) == 0 {
+				continue
+			}
+			n := 0
+			for _, r := range nodes {
+				if r.master == m.id && hasFlag(r, "slave") {
+					n++
+				}
+			}
+			if n < perMaster {
+				return fmt.Errorf("%s: names %d replicas of master %s, want %d", s.Addr(), n, m.addr, perMaster)
+			}
+		}
+	}
+	return nil
 }
 
 // Addrs returns the addresses of all nodes, masters and replicas, in the
@@ -168,7 +209,9 @@ func (c *Cluster) KillMasterOf(tb testing.TB, key string) *Server {
 			tb.Fatalf("redistest: slot %d of %q is owned by %q, which is not a node of this cluster", slot, key, owner)
 			return nil
 		}
-		if !hasReplica(nodes, owner) {
+		// A cluster started without replicas has none to wait for; one
+		// with replicas may be named late by the node asked (gossip).
+		if c.replicas == 0 && !hasReplica(nodes, owner) {
 			tb.Fatalf("redistest: master %s of slot %d has no live replica to take over: it has none", owner, slot)
 			return nil
 		}

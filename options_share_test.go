@@ -1,13 +1,13 @@
 package idem_test
 
 import (
-	"sync"
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/idemtest"
 )
 
 // TestOptionsAreSafeToShare: a service builds its options once and hands
@@ -19,15 +19,5 @@ func TestOptionsAreSafeToShare(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	opts := []idem.Option{idem.WithLogger(nil), idem.WithPrefix("shared:")}
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 50 {
-				_ = idem.New(rdb, opts...)
-			}
-		}()
-	}
-	wg.Wait()
+	idemtest.Concurrently(func() { _ = idem.New(rdb, opts...) })
 }

@@ -1,7 +1,6 @@
 package idemstream_test
 
 import (
-	"sync"
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstream"
+	"github.com/idem-go/idem/internal/idemtest"
 )
 
 // TestOptionsAreSafeToShare: a service builds its options once and hands
@@ -21,15 +21,5 @@ func TestOptionsAreSafeToShare(t *testing.T) {
 	keys := idem.New(rdb, idem.WithLogger(nil))
 	t.Cleanup(func() { _ = keys.Close(); _ = rdb.Close() })
 	opts := []idemstream.Option{idemstream.WithLogger(nil)}
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 50 {
-				_ = idemstream.New(keys, rdb, "s", "g", "c", opts...)
-			}
-		}()
-	}
-	wg.Wait()
+	idemtest.Concurrently(func() { _ = idemstream.New(keys, rdb, "s", "g", "c", opts...) })
 }

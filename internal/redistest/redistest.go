@@ -354,7 +354,7 @@ func (s *Server) waitReady(p *process, loaded bool) error {
 		if p.exited() {
 			return fmt.Errorf("exited before it was ready (%v)", p.err)
 		}
-		last = s.ready(loaded)
+		last = s.ready(p.cmd.Process.Pid, loaded)
 		if last == nil {
 			return nil
 		}
@@ -367,13 +367,26 @@ func (s *Server) waitReady(p *process, loaded bool) error {
 
 // ready returns nil if the server answers PING and, if loaded is set, has
 // finished loading its data.
-func (s *Server) ready(loaded bool) error {
+//
+// The server that answers must be process pid: when another process's
+// redis-server holds the port (two test binaries picked it at once), this
+// one exits with "Address already in use", and until it does, PING would
+// get the other's PONG: the test would use, and lose, a server that is not
+// its own.
+func (s *Server) ready(pid int, loaded bool) error {
 	pong, err := rawDo(s.Addr(), time.Second, "PING")
 	if err != nil {
 		return err
 	}
 	if pong != "PONG" {
 		return fmt.Errorf("PING answered %q", pong)
+	}
+	server, err := rawDo(s.Addr(), time.Second, "INFO", "server")
+	if err != nil {
+		return err
+	}
+	if v := infoField(server, "process_id"); v != strconv.Itoa(pid) {
+		return fmt.Errorf("the server on the port is process %s, not %d", v, pid)
 	}
 	if !loaded {
 		return nil

@@ -104,7 +104,7 @@ func (r *Redis) launch() (busy bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	if err := p.waitFor(func() error { return ping(r.addr) }, 15*time.Second); err != nil {
+	if err := p.waitFor(func() error { return ping(r.addr, p.cmd.Process.Pid) }, 15*time.Second); err != nil {
 		p.stop(nil, 0)
 		out := p.output()
 		return strings.Contains(out, "Address already in use"), fmt.Errorf("redis-server on %s: %w\n%s", r.addr, err, out)
@@ -113,12 +113,28 @@ func (r *Redis) launch() (busy bool, err error) {
 	return false, nil
 }
 
-func ping(addr string) error {
+// ping returns nil once the server on addr answers and is process pid:
+// while another process's redis-server holds the port (two test binaries
+// picked it at once), the one started exits with "Address already in
+// use", and until then the other would answer in its place.
+func ping(addr string, pid int) error {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, DisableIdentity: true})
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	return c.Ping(ctx).Err()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			if v != strconv.Itoa(pid) {
+				return fmt.Errorf("the server on %s is process %s, not %d", addr, v, pid)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("the server on %s reports no process_id", addr)
 }
 
 // Addr returns the server's address, "127.0.0.1:PORT".

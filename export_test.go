@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"time"
 
 	"github.com/idem-go/idem/internal/pipeline"
@@ -154,4 +155,14 @@ func PendingBuckets(c *Client) []string {
 		ks[b] = c.bucketKey(b)
 	}
 	return ks
+}
+
+// LeaseDeadline is the owner's lease deadline as fn's context ctx holds
+// it (every renewal moves it); ok is false for a context that is not fn's.
+func LeaseDeadline(ctx context.Context) (deadline time.Time, ok bool) {
+	c, ok := ctx.(*attemptCtx)
+	if !ok {
+		return time.Time{}, false
+	}
+	return monoBase.Add(time.Duration(c.deadline.Load())), true
 }

@@ -29,9 +29,13 @@ import (
 
 const (
 	// rapidLease is the lease of the two service instances. Their owners
-	// never die, and the heartbeat renews it every second, so it never
-	// ends while the test runs (Redis is down for milliseconds at most).
-	rapidLease = 3 * time.Second
+	// never die, and the heartbeat renews it every third of it, so it
+	// never ends while the test runs (Redis is down for milliseconds at
+	// most). At 3 s, in a suite run at load average 10, two renewals in a
+	// row each timed out after their second and an owner lost its lease:
+	// 6 s gives each renewal two seconds and the lease four of slack.
+	// Nothing waits for this lease to end.
+	rapidLease = 6 * time.Second
 	// rapidCrashLease is the lease of owners that crash: after it, the
 	// next caller takes over. It is short, so that steps waiting for a
 	// crashed owner stay quick, and it is safe on a loaded machine because

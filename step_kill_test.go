@@ -38,8 +38,10 @@ const (
 	stepsChildEnv = "IDEM_TEST_STEPS_CHILD"
 	stepsChildTag = "idem-steps-child:"
 	// stepsLease is the children's lease: a killed child's claim holds
-	// its operation this long.
-	stepsLease = time.Second
+	// its operation this long. At 1 s a child that was not to die lost
+	// its lease in a suite run at load average 10 (a renewal has two
+	// thirds of the lease to succeed): 3 s.
+	stepsLease = 3 * time.Second
 	stepsOps   = 4
 )
 

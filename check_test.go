@@ -3,7 +3,6 @@ package idem_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -122,12 +121,7 @@ func TestCheckSingle(t *testing.T) {
 	})
 
 	t.Run("unreachable", func(t *testing.T) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		_ = l.Close()
+		addr := redistest.RefusedAddr(t)
 		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		defer rdb.Close()
 		c := idem.New(rdb, idem.WithLogger(nil))

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -377,19 +376,14 @@ func TestEventError(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	t.Run("unreachable", func(t *testing.T) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		_ = l.Close() // nothing listens there now
+		addr := redistest.RefusedAddr(t)
 		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		defer rdb.Close()
 		r := &recorder{}
 		c := idem.New(rdb, idem.WithObserver(r), idem.WithLogger(nil))
 		defer c.Close()
 		var led idemtest.Runs
-		_, err = c.Do(ctx, "k", "", led.Fn("never"))
+		_, err := c.Do(ctx, "k", "", led.Fn("never"))
 		ev := r.take()
 		mustKinds(t, ev, "error")
 		if err == nil || !errors.Is(ev[0].Err, err) || strings.Contains(ev[0].Err.Error(), `"k"`) || led.Count("k") != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/internal/redistest"
 	"io"
 	"log/slog"
 	"net"
@@ -753,12 +754,7 @@ func TestPanic(t *testing.T) {
 }
 
 func TestRedisDown(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &backend{Addr: ln.Addr().String()}
-	ln.Close() // nothing listens there now
+	b := &backend{Addr: redistest.RefusedAddr(t)}
 	var c counter
 	var logs syncBuffer
 	cc := dial(t, serve(t, &bank{debit: c.debit()}, grpcidem.UnaryServerInterceptor(newIdem(t, b),
@@ -780,12 +776,7 @@ func TestRedisDown(t *testing.T) {
 // does, so an outage shows without configuration: an unreachable Redis is
 // ErrUnavailable, logged with the key's digest only.
 func TestRedisDownLogsToSlogDefault(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &backend{Addr: ln.Addr().String()}
-	ln.Close()
+	b := &backend{Addr: redistest.RefusedAddr(t)}
 	var logs syncBuffer
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))

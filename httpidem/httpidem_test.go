@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/internal/redistest"
 	"io"
 	"net"
 	"net/http"
@@ -705,13 +706,7 @@ func TestResponseDetails(t *testing.T) {
 // With Redis unreachable, the handler does not run: 503 with Retry-After.
 func TestRedisDown(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens there now
-	b := &backend{Name: "closed port", Addr: addr}
+	b := &backend{Name: "closed port", Addr: redistest.RefusedAddr(t)}
 	var c counter
 	srv := serve(t, httpidem.New(b.Idem(t))(c.debit()))
 	a := send(t, httpClient(t), srv.URL, req{key: "down", body: `{}`})

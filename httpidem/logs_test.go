@@ -2,8 +2,8 @@ package httpidem_test
 
 import (
 	"context"
+	"github.com/idem-go/idem/internal/redistest"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -32,12 +32,7 @@ func TestLogsNeverNameTheKey(t *testing.T) {
 		}
 	})
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := &backend{Name: "closed port", Addr: ln.Addr().String()}
-	ln.Close()
+	down := &backend{Name: "closed port", Addr: redistest.RefusedAddr(t)}
 	var logs syncBuffer
 	srv := serve(t, httpidem.New(down.Idem(t), httpidem.WithLogger(slogTo(&logs)))(http.NotFoundHandler()))
 	wantProblem(t, send(t, httpClient(t), srv.URL, req{key: key, body: `{}`}), http.StatusServiceUnavailable, httpidem.ProblemUnavailable)
@@ -55,12 +50,7 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 	slog.SetDefault(slogTo(&logs))
 	t.Cleanup(func() { slog.SetDefault(old) })
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := &backend{Name: "closed port", Addr: ln.Addr().String()}
-	ln.Close()
+	down := &backend{Name: "closed port", Addr: redistest.RefusedAddr(t)}
 	srv := serve(t, httpidem.New(down.Idem(t, idem.WithLogger(slog.New(slog.DiscardHandler))))(http.NotFoundHandler()))
 	wantProblem(t, send(t, httpClient(t), srv.URL, req{key: "k-1", body: `{}`}), http.StatusServiceUnavailable, httpidem.ProblemUnavailable)
 	if got := logs.String(); !strings.Contains(got, "level=ERROR") || !strings.Contains(got, "cannot reach the idempotency store") {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -174,12 +173,7 @@ func TestStatusForget(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
 	addr := srv.Addr()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	_ = l.Close()
+	closed := redistest.RefusedAddr(t)
 
 	for _, tc := range []struct {
 		name string

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"sync"
 	"testing"
@@ -583,12 +582,7 @@ func TestCluster(t *testing.T) {
 // A Runner on a cluster whose masters cannot be found runs the script
 // through the ClusterClient, which reports the failure.
 func TestClusterUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := redistest.RefusedAddr(t)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	defer cc.Close()
 	r := newRunner(t, cc, 1)

@@ -223,13 +223,19 @@ type call struct {
 	keys      []string  // the Redis keys of the record and of its channel
 	claimKeys []string  // of the record and of its steps' checkpoints
 	keySet    [4]string // what keys and claimKeys hold (see callKeys)
-	// claim.lua's ARGV[1..3]: the new claim, the retention, ages; set once,
-	// before the first claim, for a pipeline may read them after the call
-	// gave up on it (see pipeline.InFlight).
-	claimArgs [3]any
-	token     string // the owner token of this call's claims
-	n         int64  // the attempt claimed
-	claimed   any    // the record of that claim ([]byte, boxed once), which complete finds unchanged
+	// claim.lua's command (see pipeline.RunArgs): two places for the
+	// pipeline, the number of keys, claimKeys (boxed once: the record's
+	// serves complete's command too), then ARGV[1..3], the new claim, the
+	// retention, ages. Set once, before the first claim, for a pipeline
+	// may read it after the call gave up on it (see pipeline.InFlight).
+	claimCmd [8]any
+	// complete.lua's command when the call has neither an operation nor
+	// tombstones, for its first complete (see completeArgs).
+	completeCmd  [9]any
+	completeUsed bool
+	token        string // the owner token of this call's claims
+	n            int64  // the attempt claimed
+	claimed      any    // the record of that claim ([]byte, boxed once), which complete finds unchanged
 
 	// As a flight: ready is closed once res, err and retry are set; it is
 	// made, under flights.mu, when the first follower comes.

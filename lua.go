@@ -75,7 +75,7 @@ const (
 // indexes it, in the same script.
 func (cl *call) claimOnce(ctx context.Context) (claimReply, error) {
 	c, keys, fp, op := cl.c, cl.claimKeys, cl.fp, cl.op
-	first := cl.claimArgs[0]
+	first := cl.claimCmd[5]
 	var v any
 	var err error
 	// The steps' checkpoints ride along: a takeover resets their TTL with
@@ -101,11 +101,11 @@ func (cl *call) claimOnce(ctx context.Context) (claimReply, error) {
 	} else {
 		// ARGV[3] only when observers want ages: claim.lua reads a
 		// missing one as not wanted, and every argument costs a parse.
-		args := cl.claimArgs[:2]
+		a := cl.claimCmd[:7]
 		if c.ages != "" {
-			args = cl.claimArgs[:3]
+			a = cl.claimCmd[:8]
 		}
-		v, err = c.write(ctx, claimScript, keys, args...).Result()
+		v, err = c.writeArgs(ctx, claimScript, keys, a).Result()
 	}
 	if err != nil {
 		return claimReply{}, err
@@ -122,6 +122,21 @@ func (c *Client) write(ctx context.Context, s pipeline.Script, keys []string, ar
 	if c.cfg.replicas == 0 {
 		return c.scripts.Run(ctx, s, keys, args...)
 	}
+	return c.writeReplicated(ctx, s, keys, args)
+}
+
+// writeArgs is write with the script's command laid out as
+// pipeline.RunArgs takes it, keys included (a must not change until the
+// command is done).
+func (c *Client) writeArgs(ctx context.Context, s pipeline.Script, keys []string, a []any) *redis.Cmd {
+	if c.cfg.replicas == 0 {
+		return c.scripts.RunArgs(ctx, s, a)
+	}
+	return c.writeReplicated(ctx, s, keys, a[3+len(keys):])
+}
+
+// writeReplicated runs s and a WAIT in one pipeline (see write).
+func (c *Client) writeReplicated(ctx context.Context, s pipeline.Script, keys []string, args []any) *redis.Cmd {
 	var node redis.Cmdable = c.rdb
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		m, err := cc.MasterForKey(ctx, keys[0])

@@ -260,8 +260,9 @@ func (cl *call) complete(ctx context.Context, record []byte, free func(), ttlMs 
 		}
 	}()
 	var lastErr error
+	var plain []any // filled once: a pipeline under way may still read it
 	for try, pause := 0, 20*time.Millisecond; ; try++ {
-		n, err := cl.completeScript(dctx, record, ttlMs).Int64()
+		n, err := cl.completeScript(dctx, record, ttlMs, &plain).Int64()
 		if pipeline.InFlight(err) != nil {
 			sending = true
 		}
@@ -371,8 +372,10 @@ const maxBackgroundReleases = 1024
 
 // completeScript runs lua/complete.lua once for the call's claim, the
 // record to live ttlMs (milliseconds, boxed), with the tombstone's
-// arguments when the Client leaves tombstones.
-func (cl *call) completeScript(ctx context.Context, record []byte, ttlMs any) *redis.Cmd {
+// arguments when the Client leaves tombstones. Without them, and without an
+// operation, the command is *plain, made on the first try (see
+// completeArgs) and sent as it is on every other.
+func (cl *call) completeScript(ctx context.Context, record []byte, ttlMs any, plain *[]any) *redis.Cmd {
 	c, keys := cl.c, cl.keys
 	if cl.op != nil {
 		ks := []string{keys[0], keys[1]}
@@ -385,9 +388,28 @@ func (cl *call) completeScript(ctx context.Context, record []byte, ttlMs any) *r
 		return c.write(ctx, completeScript, ks, cl.claimed, record, ttlMs, c.publish, tf, span, window, "1", cl.key)
 	}
 	if !c.tomb.on {
-		return c.write(ctx, completeScript, keys, cl.claimed, record, ttlMs, c.publish)
+		if *plain == nil {
+			*plain = cl.completeArgs(record, ttlMs)
+		}
+		return c.writeArgs(ctx, completeScript, keys, *plain)
 	}
 	tkeys := []string{keys[0], keys[1], c.tomb.base(c.cfg.prefix, keys[0])}
 	return c.write(ctx, completeScript, tkeys, cl.claimed, record, ttlMs, c.publish,
 		tombstoneField(keys[0]), c.tomb.span, c.tomb.window)
+}
+
+// completeArgs returns complete.lua's command (see pipeline.RunArgs) for
+// the call's claim and record, without tombstones or an operation: in the
+// call's completeCmd the first time, which no command then changes (a
+// pipeline may read it after the call gave up on it), else in a new slice.
+func (cl *call) completeArgs(record []byte, ttlMs any) []any {
+	a := cl.completeCmd[:]
+	if cl.completeUsed {
+		a = make([]any, len(cl.completeCmd))
+	}
+	cl.completeUsed = true
+	// The record's key, boxed once for the claim (claimKeys[0] is keys[0]).
+	a[2], a[3], a[4] = 2, cl.claimCmd[3], cl.keys[1]
+	a[5], a[6], a[7], a[8] = cl.claimed, record, ttlMs, cl.c.publish
+	return a
 }

@@ -36,7 +36,7 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 	cl.keys, cl.claimKeys = c.callKeys(key, &cl.keySet)
 	cl.token = newToken()
 	first := c.claimRecord(cl.fp, cl.token, 1) // what a claim of a new key writes
-	cl.claimArgs = [3]any{first, c.retentionMs, c.ages}
+	cl.claimCmd = [8]any{2: len(cl.claimKeys), 3: cl.claimKeys[0], 4: cl.claimKeys[1], 5: first, 6: c.retentionMs, 7: c.ages}
 	wt := waiting{pause: c.firstPoll}
 	defer wt.stop()
 	for {
@@ -72,7 +72,7 @@ func (cl *call) claim(ctx context.Context) (res []byte, retry bool, err error) {
 				continue
 			}
 			wt.unwatch()
-			cl.n, cl.claimed = r.n, cl.claimArgs[0] // first, boxed once
+			cl.n, cl.claimed = r.n, cl.claimCmd[5] // first, boxed once
 			if r.n != 1 {
 				cl.claimed = c.claimRecord(cl.fp, cl.token, r.n)
 			}

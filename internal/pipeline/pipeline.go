@@ -48,10 +48,65 @@ import (
 type Script struct {
 	*redis.Script
 	Src string
+	// sha and src are the script's digest and source, boxed once: an
+	// argument of every command, they would cost an allocation each.
+	sha, src any
 }
 
 // NewScript returns the Script of src.
-func NewScript(src string) Script { return Script{redis.NewScript(src), src} }
+func NewScript(src string) Script {
+	s := redis.NewScript(src)
+	return Script{Script: s, Src: src, sha: s.Hash(), src: src}
+}
+
+// Args returns the arguments of a run of s with keys and args, as Run
+// sends them (see RunArgs), in one allocation.
+func (s Script) Args(keys []string, args ...any) []any {
+	a := make([]any, 3+len(keys)+len(args))
+	a[2] = len(keys) // below 256: boxed without an allocation
+	for i, k := range keys {
+		a[3+i] = k
+	}
+	copy(a[3+len(keys):], args)
+	return a
+}
+
+// cmd sets a's command to an EVALSHA of s, or (sha false, a new slice)
+// an EVAL, and returns its command, not yet sent. a's first two places are
+// free (see RunArgs), or hold the EVALSHA of an earlier run of the same a,
+// left as they are: a pipeline that a caller gave up on may still read them.
+func (s Script) cmd(ctx context.Context, a []any, sha bool) *redis.Cmd {
+	if !sha {
+		a[0], a[1] = "eval", s.src
+	} else if a[0] == nil {
+		a[0], a[1] = "evalsha", s.sha
+	}
+	cmd := redis.NewCmd(ctx, a...)
+	if n, _ := a[2].(int); n > 0 {
+		cmd.SetFirstKeyPos(3) // as go-redis's Eval: the cluster's slot is the first key's
+	}
+	return cmd
+}
+
+// processor sends a command: a client, or a pipeline.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// run runs s with the arguments a (see RunArgs) through rdb as go-redis's
+// Script.Run does: an EVALSHA, and an EVAL if the server had not cached
+// the script.
+func (s Script) run(ctx context.Context, rdb processor, a []any) *redis.Cmd {
+	cmd := s.cmd(ctx, a, true)
+	_ = rdb.Process(ctx, cmd)
+	// HasErrorPrefix allocates even for a nil error: only a failure pays.
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// A new slice: the EVALSHA's command keeps its arguments.
+		cmd = s.cmd(ctx, append([]any(nil), a...), false)
+		_ = rdb.Process(ctx, cmd)
+	}
+	return cmd
+}
 
 // A Runner runs scripts through one go-redis client: through one batcher,
 // or on a Redis Cluster through one per master, so that a slow or failed
@@ -95,25 +150,37 @@ func (r *Runner) Queued() int {
 // Run runs s with keys and args, alone or in a pipeline with other calls'
 // scripts, and returns its command, done.
 func (r *Runner) Run(ctx context.Context, s Script, keys []string, args ...any) *redis.Cmd {
+	return r.RunArgs(ctx, s, s.Args(keys, args...))
+}
+
+// RunArgs runs s as Run does, with the arguments a of its command: two
+// places that RunArgs fills (the command and the script's digest), the
+// number of keys (an int, at least 1), the keys (strings), then the
+// script's arguments, as Script.Args lays them out. A caller that keeps
+// them in memory it allocates anyway saves Args's allocation; a must not
+// change until the command is done (see InFlight), and RunArgs keeps no
+// reference to it after.
+func (r *Runner) RunArgs(ctx context.Context, s Script, a []any) *redis.Cmd {
 	if r.max == 0 {
-		return s.Run(ctx, r.rdb, keys, args...)
+		return s.run(ctx, r.rdb, a)
 	}
 	if r.cc == nil {
-		return r.one.run(ctx, s, keys, args)
+		return r.one.run(ctx, s, a)
 	}
 	// The master that serves the key, as the cluster's client last knew
 	// it: its batcher queues the call. The pipeline goes through the
 	// cluster's client all the same, which sends a moved key's script to
 	// its new master.
-	node, err := r.cc.MasterForKey(ctx, keys[0])
+	key, _ := a[3].(string)
+	node, err := r.cc.MasterForKey(ctx, key)
 	if err != nil {
-		return s.Run(ctx, r.cc, keys, args...)
+		return s.run(ctx, r.cc, a)
 	}
 	b, ok := r.nodes.Load(node)
 	if !ok {
 		b, _ = r.nodes.LoadOrStore(node, &batcher{rdb: r.cc, max: r.max, work: r.work, slow: r.slow})
 	}
-	return b.(*batcher).run(ctx, s, keys, args)
+	return b.(*batcher).run(ctx, s, a)
 }
 
 // batcher runs the scripts of one Runner (of one master, on a cluster).
@@ -209,8 +276,7 @@ func (w *sendWatch) end() {
 type batchedCall struct {
 	ctx  context.Context
 	s    Script
-	keys []string
-	args []any
+	args []any         // its command's (see RunArgs)
 	cmd  *redis.Cmd    // set by the sender before done receives
 	done chan struct{} // receives once the sender has set cmd
 }
@@ -222,14 +288,15 @@ type notSentError struct{ err error }
 func (e notSentError) Error() string { return "not sent: " + e.err.Error() }
 func (e notSentError) Unwrap() error { return e.err }
 
-// run runs s with keys and args, alone or in a pipeline with other calls'.
-func (b *batcher) run(ctx context.Context, s Script, keys []string, args []any) *redis.Cmd {
+// run runs s with the arguments args (see RunArgs), alone or in a pipeline
+// with other calls'.
+func (b *batcher) run(ctx context.Context, s Script, args []any) *redis.Cmd {
 	b.mu.Lock()
 	if b.free() && len(b.queue) == 0 {
 		b.senders++
 		b.mu.Unlock()
 		w := b.watch()
-		cmd := s.Run(ctx, b.rdb, keys, args...)
+		cmd := s.run(ctx, b.rdb, args)
 		b.mu.Lock()
 		w.end()
 		b.senders--
@@ -249,7 +316,7 @@ func (b *batcher) run(ctx context.Context, s Script, keys []string, args []any) 
 	if bc == nil {
 		bc = &batchedCall{done: make(chan struct{}, 1)}
 	}
-	bc.ctx, bc.s, bc.keys, bc.args = ctx, s, keys, args
+	bc.ctx, bc.s, bc.args = ctx, s, args
 	b.queue = append(b.queue, bc)
 	if b.free() {
 		b.senders++
@@ -370,7 +437,7 @@ func (b *batcher) sender() {
 func (b *batcher) send(batch []*batchedCall) {
 	if len(batch) == 1 {
 		bc := batch[0]
-		bc.cmd = bc.s.Run(bc.ctx, b.rdb, bc.keys, bc.args...)
+		bc.cmd = bc.s.run(bc.ctx, b.rdb, bc.args)
 		bc.done <- struct{}{}
 		return
 	}
@@ -378,7 +445,8 @@ func (b *batcher) send(batch []*batchedCall) {
 	defer cancel()
 	pipe := b.rdb.Pipeline()
 	for _, bc := range batch {
-		bc.cmd = pipe.EvalSha(ctx, bc.s.Hash(), bc.keys, bc.args...)
+		bc.cmd = bc.s.cmd(ctx, bc.args, true)
+		_ = pipe.Process(ctx, bc.cmd)
 	}
 	_, _ = pipe.Exec(ctx)
 	var again redis.Pipeliner
@@ -388,7 +456,9 @@ func (b *batcher) send(batch []*batchedCall) {
 			if again == nil {
 				again = b.rdb.Pipeline()
 			}
-			bc.cmd = again.Eval(ctx, bc.s.Src, bc.keys, bc.args...)
+			// A new slice: the EVALSHA's command keeps its arguments.
+			bc.cmd = bc.s.cmd(ctx, append([]any(nil), bc.args...), false)
+			_ = again.Process(ctx, bc.cmd)
 		}
 	}
 	if again != nil {

@@ -76,7 +76,7 @@ func TestAllocsOfASuccessfulCall(t *testing.T) {
 		})
 		batch := make([]*batchedCall, n)
 		for i := range batch {
-			batch[i] = &batchedCall{ctx: ctx, s: s, keys: keys, done: make(chan struct{}, 1)}
+			batch[i] = &batchedCall{ctx: ctx, s: s, args: s.Args(keys), done: make(chan struct{}, 1)}
 		}
 		got := testing.AllocsPerRun(runs, func() {
 			r.one.send(batch)

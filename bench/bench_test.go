@@ -16,9 +16,10 @@ import (
 const goroutines = 64
 
 // BenchmarkFloors compares, on new keys with 100-byte results, idem's Do
-// with the raw floors of three clients (go-redis, valkey-go, rueidis; see
-// sides_test.go), all on one redis-server that it starts, in turns, so that
-// a shared machine's changing load weighs on all four alike.
+// with the raw floors of three clients (go-redis, valkey-go, rueidis) and
+// of idem's own pipelines on go-redis (see sides_test.go), all on one
+// redis-server that it starts, in turns, so that a shared machine's
+// changing load weighs on all five alike.
 //
 // 64goroutines runs them from 64 goroutines in phases of benchrun.PhaseLen: every
 // goroutine makes the calls of the current side; the sides take their turns
@@ -28,8 +29,10 @@ const goroutines = 64
 // over its calls: the inverse of its throughput), cli-us/op and srv-us/op
 // (the CPU time of its phases per call, of this process and of the
 // redis-server), and the throughput ratios valkey/goredis, rueidis/goredis,
-// idem/goredis (go-redis's ns/op over the other's: 1 = as fast as the
-// go-redis floor) and idem/valkey.
+// pipelined/goredis, idem/goredis (go-redis's ns/op over the other's: 1 =
+// as fast as the go-redis floor), idem/valkey, pipelined/valkey (the
+// transport's own against valkey-go's) and idem/pipelined (idem's work on
+// that transport).
 //
 // 1goroutine runs them from one goroutine, one call of each per iteration,
 // in a new random order each time, timing every call: the latency of one
@@ -83,8 +86,11 @@ func runSides(b *testing.B, addr string, n int) (calls [nSides]func() error, key
 func reportRatios(b *testing.B, nsOp [nSides]float64) {
 	b.ReportMetric(nsOp[goredisSide]/nsOp[valkeySide], "valkey/goredis")
 	b.ReportMetric(nsOp[goredisSide]/nsOp[rueidisSide], "rueidis/goredis")
+	b.ReportMetric(nsOp[goredisSide]/nsOp[pipelinedSide], "pipelined/goredis")
 	b.ReportMetric(nsOp[goredisSide]/nsOp[idemSide], "idem/goredis")
 	b.ReportMetric(nsOp[valkeySide]/nsOp[idemSide], "idem/valkey")
+	b.ReportMetric(nsOp[valkeySide]/nsOp[pipelinedSide], "pipelined/valkey")
+	b.ReportMetric(nsOp[pipelinedSide]/nsOp[idemSide], "idem/pipelined")
 }
 
 // inPhases is BenchmarkFloors/64goroutines with n goroutines, and
@@ -110,7 +116,7 @@ func inPhases(b *testing.B, addr string, n int) {
 func inTurns(b *testing.B, addr string) {
 	calls, keys, names := runSides(b, addr, 1)
 	rng := rand.New(rand.NewPCG(uint64(benchRuns.Add(1)), 0))
-	order := [nSides]int{goredisSide, valkeySide, rueidisSide, idemSide}
+	order := [nSides]int{goredisSide, valkeySide, rueidisSide, pipelinedSide, idemSide}
 	var total [nSides]time.Duration
 	for b.Loop() {
 		rng.Shuffle(nSides, func(i, j int) { order[i], order[j] = order[j], order[i] })

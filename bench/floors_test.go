@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +28,7 @@ func TestFloors(t *testing.T) {
 	ctx := context.Background()
 	p := benchrun.Payload(payloadSize)
 	admin := newGoRedis(t, addr)
-	floors := []*floor{goRedisFloor(newGoRedis(t, addr), p), valkeyFloor(t, addr, p), rueidisFloor(t, addr, p)}
+	floors := []*floor{goRedisFloor(newGoRedis(t, addr), p), valkeyFloor(t, addr, p), rueidisFloor(t, addr, p), pipelinedFloor(t, newGoRedis(t, addr), p)}
 	for _, f := range floors {
 		t.Run(f.name, func(t *testing.T) {
 			key := "test-" + f.name
@@ -152,5 +153,18 @@ func TestScriptsMatchRoot(t *testing.T) {
 		if !strings.Contains(string(src), name+" = redis.NewScript(`"+script+"`)") {
 			t.Errorf("../bench_test.go has no %s with the script of this module:%s", name, script)
 		}
+	}
+}
+
+// TestPipelinedFloorAsIdem holds the pipelined floor's number of pipelines
+// equal to idem's default (options.go), so that it runs on the transport
+// idem's Do runs on.
+func TestPipelinedFloorAsIdem(t *testing.T) {
+	src, err := os.ReadFile("../options.go")
+	if err != nil {
+		t.Fatalf("the root's options: %v", err)
+	}
+	if want := "const defaultPipelines = " + strconv.Itoa(idemPipelines) + "\n"; !strings.Contains(string(src), want) {
+		t.Errorf("../options.go has no %q: idemPipelines is not idem's default of WithPipelines", strings.TrimSpace(want))
 	}
 }

@@ -1,9 +1,10 @@
 package bench
 
-// The four sides that BenchmarkFloors compares: the raw floor of a new key
-// through go-redis, valkey-go and rueidis (two EVALSHA: claim, complete),
-// and idem's Do through go-redis. Each client is built with its defaults,
-// given only the server's address.
+// The five sides that BenchmarkFloors compares: the raw floor of a new key
+// (two EVALSHA: claim, complete) through go-redis, valkey-go and rueidis,
+// and through idem's own pipelines on go-redis, and idem's Do through
+// go-redis. Each client is built with its defaults, given only the
+// server's address.
 
 import (
 	"context"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pipeline"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 	"github.com/valkey-io/valkey-go"
@@ -103,6 +105,32 @@ func goRedisFloor(rdb *redis.Client, p []byte) *floor {
 	}
 }
 
+// pipelinedFloor runs the scripts through rdb as idem's Do sends its own:
+// through internal/pipeline's Runner, with idem's default of 4 pipelines
+// (WithPipelines), so that concurrent calls share pipelines and a lone
+// call goes alone. Its senders are waited for when tb ends. Beside idem,
+// it tells what idem's own work costs on the same transport; beside
+// valkey-go, what the transport does.
+func pipelinedFloor(tb testing.TB, rdb *redis.Client, p []byte) *floor {
+	var work pipeline.Work
+	tb.Cleanup(work.Wait)
+	r := pipeline.NewRunner(rdb, idemPipelines, &work)
+	claim, complete := pipeline.NewScript(rawClaimSrc), pipeline.NewScript(rawCompleteSrc)
+	return &floor{
+		name: "pipelined",
+		claim: func(ctx context.Context, rk, token string) (int64, error) {
+			return r.Run(ctx, claim, []string{rk}, token, benchRetention.Milliseconds()).Int64()
+		},
+		complete: func(ctx context.Context, rk string) error {
+			return r.Run(ctx, complete, []string{rk, rk + ":done"}, p).Err()
+		},
+	}
+}
+
+// idemPipelines is idem's default of WithPipelines (options.go,
+// defaultPipelines), as TestPipelinedFloorAsIdem checks.
+const idemPipelines = 4
+
 // valkeyFloor runs the scripts through a valkey-go client with default
 // options but the address (auto-pipelining: concurrent calls share its
 // connections), closed when tb ends: Lua.Exec, EVALSHA (EVAL only when the
@@ -166,20 +194,21 @@ const (
 	goredisSide = iota
 	valkeySide
 	rueidisSide
+	pipelinedSide
 	idemSide
 	nSides
 )
 
-// newSides returns the four sides on the server at addr, with result p.
-// idem shares the go-redis floor's client, as the root's pairedNewKeys
-// shares one client between idem and the raw floor: the phases never run
-// both at once.
+// newSides returns the five sides on the server at addr, with result p.
+// idem and the pipelined floor share the go-redis floor's client, as the
+// root's pairedNewKeys shares one client between idem and the raw floor:
+// the phases never run two sides at once.
 func newSides(tb testing.TB, addr string, p []byte) [nSides]side {
 	rdb := newGoRedis(tb, addr)
 	c := newIdem(tb, rdb)
 	fn := func(context.Context) ([]byte, error) { return p, nil }
 	var sides [nSides]side
-	for i, f := range []*floor{goRedisFloor(rdb, p), valkeyFloor(tb, addr, p), rueidisFloor(tb, addr, p)} {
+	for i, f := range []*floor{goRedisFloor(rdb, p), valkeyFloor(tb, addr, p), rueidisFloor(tb, addr, p), pipelinedFloor(tb, rdb, p)} {
 		sides[i] = side{name: f.name, call: f.newKey, record: rawKey}
 	}
 	sides[idemSide] = side{

@@ -251,10 +251,11 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // pipeline runs with a context that carries no caller's values, so go-redis
 // hooks (tracing) never see one request's values on another's scripts.
 // With WithReplicas, claims and completions go alone. 0 sends every script
-// alone; n must not be negative. 1 costs a crowd of calls the least CPU
-// per call, client and server (docs/performance.md), but a reply held up
-// (a large result, a paused server) then holds every other call for up
-// to 50 ms, until its pipeline gives its place up.
+// alone; n must not be negative. 1 can cost a crowd of calls less CPU
+// per call on a machine whose CPUs are saturated, but lowers throughput
+// where they are not (docs/performance.md), and a reply held up (a large
+// result, a paused server) then holds every other call for up to 50 ms,
+// until its pipeline gives its place up.
 // The default is 4.
 func WithPipelines(n int) Option {
 	return func(c *config) {

@@ -12,7 +12,6 @@ package idem_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -81,21 +80,7 @@ func registerCharge3(c *idem.Client, rdb *redis.Client, provider string, pause t
 		after(key, "reserve")
 		charge, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) {
 			time.Sleep(pause)
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, provider+"/charges", strings.NewReader("op="+key))
-			if err != nil {
-				return "", err
-			}
-			req.Header.Set("Idempotency-Key", strconv.Quote(idem.StepKey(ctx, "charge")))
-			resp, err := hc.Do(req)
-			if err != nil {
-				return "", err
-			}
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			if err != nil || resp.StatusCode != http.StatusOK {
-				return "", fmt.Errorf("provider: %d %s %v", resp.StatusCode, body, err)
-			}
-			return string(body), nil
+			return postCharge(ctx, hc, provider, key)
 		})
 		if err != nil {
 			return "", err

@@ -103,22 +103,12 @@ func TestChildStepsOwner(t *testing.T) {
 			point("after-reserve")
 			charge, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) {
 				point("before-charge-call")
-				req, err := http.NewRequestWithContext(ctx, http.MethodPost, provider+"/charges", strings.NewReader("op="+op))
+				body, err := postCharge(ctx, hc, provider, op)
 				if err != nil {
 					return "", err
-				}
-				req.Header.Set("Idempotency-Key", strconv.Quote(idem.StepKey(ctx, "charge")))
-				resp, err := hc.Do(req)
-				if err != nil {
-					return "", err
-				}
-				defer resp.Body.Close()
-				body, err := io.ReadAll(resp.Body)
-				if err != nil || resp.StatusCode != http.StatusOK {
-					return "", fmt.Errorf("provider: %d %s %v", resp.StatusCode, body, err)
 				}
 				point("after-charge-call")
-				return string(body), nil
+				return body, nil
 			})
 			if err != nil {
 				return "", err
@@ -136,6 +126,27 @@ func TestChildStepsOwner(t *testing.T) {
 		fmt.Printf("%s result %s %q %v\n", stepsChildTag, op, res, err)
 	}
 	fmt.Printf("%s finished\n", stepsChildTag)
+}
+
+// postCharge asks the provider at provider to charge op, with the key of
+// the step called "charge" as its Idempotency-Key (from that step's fn), and
+// returns the provider's answer: the charge's id.
+func postCharge(ctx context.Context, hc *http.Client, provider, op string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, provider+"/charges", strings.NewReader("op="+op))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Idempotency-Key", strconv.Quote(idem.StepKey(ctx, "charge")))
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("provider: %d %s %v", resp.StatusCode, body, err)
+	}
+	return string(body), nil
 }
 
 // stepsProvider is a fake payment provider with Stripe-like idempotency:

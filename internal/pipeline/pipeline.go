@@ -63,6 +63,7 @@ func NewScript(src string) Script {
 // sends them (see RunArgs), in one allocation.
 func (s Script) Args(keys []string, args ...any) []any {
 	a := make([]any, 3+len(keys)+len(args))
+	a[0], a[1] = "evalsha", s.sha
 	a[2] = len(keys) // below 256: boxed without an allocation
 	for i, k := range keys {
 		a[3+i] = k
@@ -71,15 +72,14 @@ func (s Script) Args(keys []string, args ...any) []any {
 	return a
 }
 
-// cmd sets a's command to an EVALSHA of s, or (sha false, a new slice)
-// an EVAL, and returns its command, not yet sent. a's first two places are
-// free (see RunArgs), or hold the EVALSHA of an earlier run of the same a,
-// left as they are: a pipeline that a caller gave up on may still read them.
+// cmd returns the command of a, not yet sent: the EVALSHA of s that
+// RunArgs laid out (sha), or an EVAL (sha false: a must be a new slice,
+// which cmd turns into one). It never writes into an EVALSHA's a: a
+// pipeline that a caller gave up on may still read it while the caller
+// runs the same a again.
 func (s Script) cmd(ctx context.Context, a []any, sha bool) *redis.Cmd {
 	if !sha {
 		a[0], a[1] = "eval", s.src
-	} else if a[0] == nil {
-		a[0], a[1] = "evalsha", s.sha
 	}
 	cmd := redis.NewCmd(ctx, a...)
 	if n, _ := a[2].(int); n > 0 {
@@ -159,8 +159,14 @@ func (r *Runner) Run(ctx context.Context, s Script, keys []string, args ...any) 
 // script's arguments, as Script.Args lays them out. A caller that keeps
 // them in memory it allocates anyway saves Args's allocation; a must not
 // change until the command is done (see InFlight), and RunArgs keeps no
-// reference to it after.
+// reference to it after. RunArgs fills the two places in the caller's
+// goroutine, before any sender may read a, and only when they are empty:
+// a run of the same a while an earlier one's pipeline is under way
+// writes nothing into it.
 func (r *Runner) RunArgs(ctx context.Context, s Script, a []any) *redis.Cmd {
+	if a[0] == nil {
+		a[0], a[1] = "evalsha", s.sha
+	}
 	if r.max == 0 {
 		return s.run(ctx, r.rdb, a)
 	}

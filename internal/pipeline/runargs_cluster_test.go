@@ -6,6 +6,7 @@ package pipeline_test
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -15,13 +16,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// nodeHook records, for one node's client of a ClusterClient, the first
-// key of every script sent to that node (a MOVED script is sent to two).
+// nodeHook records, for one node's client of a ClusterClient, every
+// script sent to that node (a MOVED script is sent to two).
 type nodeHook struct {
 	addr string
 	mu   *sync.Mutex
-	sent *[][2]string // guarded by mu; node address and first key
+	sent *[]nodeSent // guarded by mu
 }
+
+// nodeSent is a script sent to a node.
+type nodeSent struct{ addr, key, name string }
 
 func (n nodeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -47,7 +51,7 @@ func (n nodeHook) add(cmd redis.Cmder) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	*n.sent = append(*n.sent, [2]string{n.addr, fmt.Sprint(cmd.Args()[3])})
+	*n.sent = append(*n.sent, nodeSent{n.addr, fmt.Sprint(cmd.Args()[3]), cmd.Name()})
 }
 
 // TestClusterRoutesByFirstKey guards the claim that a script's command
@@ -62,14 +66,8 @@ func (n nodeHook) add(cmd redis.Cmder) {
 func TestClusterRoutesByFirstKey(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	var mu sync.Mutex
-	var sent [][2]string
-	cc := cl.Client(t, func(o *redis.ClusterOptions) {
-		o.NewClient = func(opt *redis.Options) *redis.Client {
-			rdb := redis.NewClient(opt)
-			rdb.AddHook(nodeHook{addr: opt.Addr, mu: &mu, sent: &sent})
-			return rdb
-		}
-	})
+	var sent []nodeSent
+	cc := cl.Client(t, recordNodes(&mu, &sent))
 	h := newHooks()
 	cc.AddHook(h)
 	r := newRunner(t, cc, 1)
@@ -138,9 +136,93 @@ func TestClusterRoutesByFirstKey(t *testing.T) {
 		t.Fatal("the nodes' hooks saw no script")
 	}
 	for _, s := range sent {
-		if s[0] != a {
-			t.Errorf("a script of key %s went to %s, not to its master %s", s[1], s[0], a)
+		if s.addr != a {
+			t.Errorf("a script of key %s went to %s, not to its master %s", s.key, s.addr, a)
 		}
+	}
+}
+
+// recordNodes sets a ClusterClient's options to add a nodeHook to each
+// node's client, recording in *sent.
+func recordNodes(mu *sync.Mutex, sent *[]nodeSent) func(*redis.ClusterOptions) {
+	return func(o *redis.ClusterOptions) {
+		o.NewClient = func(opt *redis.Options) *redis.Client {
+			rdb := redis.NewClient(opt)
+			rdb.AddHook(nodeHook{addr: opt.Addr, mu: mu, sent: sent})
+			return rdb
+		}
+	}
+}
+
+// TestClusterFailoverRunsTheSameArgs guards the EVAL fallback across a
+// cluster's failover: the promoted replica never loaded the script (a
+// replica applies a script's effects, not the script), so the same
+// argument list, run again, gets NOSCRIPT from the new master and is sent
+// whole there, from a new slice: the list stays an EVALSHA of the
+// script's digest, and the next run is one EVALSHA at the new master.
+func TestClusterFailoverRunsTheSameArgs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster of six redis-server processes: skipped in -short")
+	}
+	cl := redistest.StartCluster(t, 3, 1)
+	var mu sync.Mutex
+	var sent []nodeSent
+	cc := cl.Client(t, recordNodes(&mu, &sent))
+	r := newRunner(t, cc, 4)
+	ctx := context.Background()
+	key := "{failover}"
+	a := incr.Args([]string{key}, "v")
+	if v, err := r.RunArgs(ctx, incr, a).Text(); err != nil || v != "v#1" {
+		t.Fatalf("before the failover: %q, %v", v, err)
+	}
+	cl.KillMasterOf(t, key)
+	// go-redis does not learn of a dead master by itself (its dials are
+	// refused, and no MOVED comes): reload as an application would.
+	cc.ReloadState(ctx)
+	mu.Lock()
+	sent = nil
+	mu.Unlock()
+	var v string
+	var err error
+	for try := 0; try < 100; try++ { // the client learns the new topology
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		v, err = r.RunArgs(tctx, incr, a).Text()
+		cancel()
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil || len(v) < 3 || v[:2] != "v#" || v == "v#1" {
+		t.Fatalf("after the failover: %q, %v; want a second run", v, err)
+	}
+	m, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	promoted := m.Options().Addr
+	mu.Lock()
+	evals := 0
+	for _, s := range sent {
+		if s.addr == promoted && s.name == "eval" {
+			evals++
+		}
+	}
+	sent = nil
+	mu.Unlock()
+	if evals == 0 {
+		t.Fatalf("no EVAL at the promoted master %s: want the fallback", promoted)
+	}
+	if a[0] != "evalsha" || a[1] != incr.Hash() {
+		t.Fatalf("after the fallback, the list became %v", a[:2])
+	}
+	if err := r.RunArgs(ctx, incr, a).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []nodeSent{{promoted, key, "evalsha"}}; !reflect.DeepEqual(sent, want) {
+		t.Fatalf("the next run sent %v, want %v", sent, want)
 	}
 }
 

@@ -235,3 +235,75 @@ func goRunArgs(r *pipeline.Runner, key, arg string) <-chan result {
 	}()
 	return out
 }
+
+// TestClusterRedirectsRunTheSameArgs guards the EVALSHA's first key
+// position and the EVAL fallback through a slot's migration: while the
+// slot migrates, the old master answers ASK for a key it lacks, and the
+// importing master, which never loaded the script, answers NOSCRIPT, so
+// the fallback goes there too (ASK again); once the slot has moved, the
+// old master answers MOVED and the list, run again, is one EVALSHA at the
+// new master. The list stays an EVALSHA of the digest throughout.
+func TestClusterRedirectsRunTheSameArgs(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	var mu sync.Mutex
+	var sent []nodeSent
+	cc := cl.Client(t, recordNodes(&mu, &sent))
+	r := newRunner(t, cc, 4)
+	ctx := context.Background()
+	key := "{redirect}"
+	slot, err := cc.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var from, to *redistest.Server
+	var masters []*redistest.Server
+	for _, n := range cl.Nodes() {
+		masters = append(masters, n)
+		switch {
+		case n.Addr() == m.Options().Addr:
+			from = n
+		case to == nil:
+			to = n
+		}
+	}
+	if from == nil || to == nil {
+		t.Fatalf("the key's master %s, or another, not among the nodes", m.Options().Addr)
+	}
+	fromID, toID := from.Do(t, "CLUSTER", "MYID"), to.Do(t, "CLUSTER", "MYID")
+	to.Do(t, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID)
+	from.Do(t, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID)
+
+	a := incr.Args([]string{key}, "v")
+	check := func(what, want string, names ...string) {
+		t.Helper()
+		v, err := r.RunArgs(ctx, incr, a).Text()
+		if err != nil || v != want {
+			t.Fatalf("%s: %q, %v; want %q", what, v, err, want)
+		}
+		if a[0] != "evalsha" || a[1] != incr.Hash() {
+			t.Fatalf("%s: the list became %v", what, a[:2])
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		var at []string
+		for _, s := range sent {
+			if s.addr == to.Addr() {
+				at = append(at, s.name)
+			}
+		}
+		sent = nil
+		if !reflect.DeepEqual(at, names) {
+			t.Fatalf("%s: the new master saw %v, want %v", what, at, names)
+		}
+	}
+	check("while the slot migrates (ASK)", "v#1", "evalsha", "eval")
+
+	for _, n := range masters {
+		n.Do(t, "CLUSTER", "SETSLOT", slot, "NODE", toID)
+	}
+	check("once the slot moved (MOVED)", "v#2", "evalsha")
+}

@@ -175,6 +175,16 @@ func TestClusterFailoverRunsTheSameArgs(t *testing.T) {
 	if v, err := r.RunArgs(ctx, incr, a).Text(); err != nil || v != "v#1" {
 		t.Fatalf("before the failover: %q, %v", v, err)
 	}
+	// Replication is asynchronous: a master killed before its replica has
+	// the first run's write would hand the promoted replica an empty key
+	// (the run after would answer v#1). Wait for the replica to have it.
+	old, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := old.Do(ctx, "WAIT", 1, 30_000).Int(); err != nil || n < 1 {
+		t.Fatalf("WAIT for the replica of %s: %d, %v", old.Options().Addr, n, err)
+	}
 	cl.KillMasterOf(t, key)
 	// go-redis does not learn of a dead master by itself (its dials are
 	// refused, and no MOVED comes): reload as an application would.
@@ -183,7 +193,6 @@ func TestClusterFailoverRunsTheSameArgs(t *testing.T) {
 	sent = nil
 	mu.Unlock()
 	var v string
-	var err error
 	for try := 0; try < 100; try++ { // the client learns the new topology
 		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		v, err = r.RunArgs(tctx, incr, a).Text()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/idemtest"
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -164,9 +165,9 @@ func TestAck(t *testing.T) {
 	_, err = closed.Do(ctx, "closed", "", ok)
 	add("ErrClosed", must("closed", err, idem.ErrClosed), false)
 
-	down := idemtest.Miniredis(t)
-	unreachable := down.Idem(t, idem.WithLogger(nil))
-	down.MR.Close()
+	unreachable := idemtest.Downed(t, idemtest.Miniredis(t), redistest.Config{}, func(b *idemtest.Backend) *idem.Client {
+		return b.Idem(t, idem.WithLogger(nil))
+	})
 	_, err = unreachable.Do(ctx, "down", "", ok)
 	add("Redis unreachable", err, false)
 

@@ -21,32 +21,40 @@ import (
 func TestUnavailable(t *testing.T) {
 	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
-		down := func() {
-			if b.MR != nil {
-				b.MR.Close()
-			} else {
-				b.Srv.Kill()
-			}
-		}
 		for _, warm := range []bool{false, true} {
 			t.Run(fmt.Sprintf("after calls %v", warm), func(t *testing.T) {
-				if warm && b.MR != nil {
-					b = idemtest.Miniredis(t)
-				} else if warm {
-					b = idemtest.Redis(t, redistest.Config{})
-				}
-				if !warm {
-					down() // before the client's first connection
-				}
-				var logs syncBuffer
-				c := b.Idem(t, idem.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 				ctx := context.Background()
-				if warm {
-					if _, err := c.Do(ctx, "before", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
-						t.Fatal(err)
-					}
-					down()
+				// The Client, down for good: closed or killed before its
+				// first connection, or after a call; no other test's
+				// server may take the port.
+				type live struct {
+					c    *idem.Client
+					logs *syncBuffer
 				}
+				newClient := func(b *idemtest.Backend) live {
+					logs := new(syncBuffer)
+					return live{b.Idem(t, idem.WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})))), logs}
+				}
+				if warm { // the first subtest took b down
+					if b.MR != nil {
+						b = idemtest.Miniredis(t)
+					} else {
+						b = idemtest.Redis(t, redistest.Config{})
+					}
+				}
+				var l live
+				if !warm {
+					l = newClient(idemtest.Downed(t, b, redistest.Config{}, func(b *idemtest.Backend) *idemtest.Backend { return b }))
+				} else {
+					l = idemtest.Downed(t, b, redistest.Config{}, func(b *idemtest.Backend) live {
+						l := newClient(b)
+						if _, err := l.c.Do(ctx, "before", "", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+							t.Fatal(err)
+						}
+						return l
+					})
+				}
+				c, logs := l.c, l.logs
 				ran := false
 				_, err := c.Do(ctx, "k", "fp", func(context.Context) ([]byte, error) { ran = true; return nil, nil })
 				if !errors.Is(err, idem.ErrUnavailable) || ran {

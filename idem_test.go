@@ -241,12 +241,8 @@ func TestRetentionEnds(t *testing.T) {
 func TestRedisUnreachableFailsClosed(t *testing.T) {
 	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
-		c := b.Idem(t)
-		if b.MR != nil {
-			b.MR.Close()
-		} else {
-			b.Srv.Kill()
-		}
+		// Down for good: no other test's server may take its port.
+		c := idemtest.Downed(t, b, redistest.Config{}, func(b *idemtest.Backend) *idem.Client { return b.Idem(t) })
 		ran := false
 		_, err := c.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) {
 			ran = true
@@ -301,15 +297,29 @@ func TestCorruptRecordFailsClosed(t *testing.T) {
 func TestStoreFailureIsNotRecorded(t *testing.T) {
 	t.Parallel()
 	idemtest.EachBackend(t, func(t *testing.T, b *idemtest.Backend) {
-		c := b.Idem(t, idem.WithStoreTimeout(300*time.Millisecond))
-		got, err := c.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) {
-			if b.MR != nil {
-				b.MR.Close()
-			} else {
-				b.Srv.Kill()
+		var got []byte
+		var err error
+		for try := 0; ; try++ {
+			if try > 0 { // the freed port was taken: again on a new server
+				if b.MR != nil {
+					b = idemtest.Miniredis(t)
+				} else {
+					b = idemtest.Redis(t, redistest.Config{})
+				}
 			}
-			return []byte("done"), nil
-		})
+			c := b.Idem(t, idem.WithStoreTimeout(300*time.Millisecond))
+			held := false
+			got, err = c.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) {
+				held = b.Down(t) // and no other test's server may take its port
+				return []byte("done"), nil
+			})
+			if held {
+				break
+			}
+			if try == 2 {
+				t.Fatal("three freed ports were taken by other processes at once")
+			}
+		}
 		if !errors.Is(err, idem.ErrNotRecorded) {
 			t.Fatalf("got %v, want ErrNotRecorded", err)
 		}

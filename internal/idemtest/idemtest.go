@@ -59,6 +59,48 @@ func OnServer(srv *redistest.Server) *Backend {
 	return &Backend{Name: "redis", Addr: srv.Addr(), Srv: srv}
 }
 
+// Down makes b unreachable for good: it closes miniredis or kills the
+// redis-server, then holds the freed port (redistest.HoldPort) so that
+// no other test's server answers there while this test runs. It reports
+// false when another process took the port first, in the moment between:
+// the caller then tries again with a new backend (see Downed), for a
+// client of b could be talking to that process's server.
+func (b *Backend) Down(t testing.TB) bool {
+	t.Helper()
+	if b.MR != nil {
+		b.MR.Close()
+	} else {
+		b.Srv.Kill()
+	}
+	return redistest.HoldPort(t, b.Addr)
+}
+
+// Downed calls up with a new backend of b's kind (miniredis, or a
+// redis-server started with cfg) until a Down after it holds the port, up
+// to three times, and returns what up returned for the backend that is
+// down. up makes what the test needs on the live backend (a Client,
+// calls that warm its pool).
+func Downed[T any](t *testing.T, b *Backend, cfg redistest.Config, up func(*Backend) T) T {
+	t.Helper()
+	for try := 0; ; try++ {
+		if try > 0 {
+			if b.MR != nil {
+				b = Miniredis(t)
+			} else {
+				b = Redis(t, cfg)
+			}
+		}
+		v := up(b)
+		if b.Down(t) {
+			return v
+		}
+		if try == 2 {
+			t.Fatalf("idemtest: three ports freed by a backend going down were taken by other processes at once")
+		}
+		t.Logf("idemtest: %s's port %s was taken as it went down: again with a new one", b.Name, b.Addr)
+	}
+}
+
 // Client returns a new go-redis client (its own connection pool, as another
 // service instance would have), closed when the test ends; opts adjust its
 // options.

@@ -1,0 +1,6 @@
+//go:build !unix
+
+package redistest
+
+// bindExclusive is not needed where HoldPort holds nothing.
+func bindExclusive(string) error { return nil }

@@ -187,6 +187,27 @@ func queueBehindHeld(t *testing.T, r *pipeline.Runner, h *hooks, keys []string, 
 	return first, outs, func() { close(held) }
 }
 
+// flushWhilePiped lets the call queueBehindHeld held go (release), holds
+// the pipeline of the calls queued behind it as it is sent, flushes the
+// server's scripts and lets the pipeline go: its EVALSHAs meet NOSCRIPT.
+func flushWhilePiped(t *testing.T, rdb *redis.Client, h *hooks, first <-chan result, release func()) {
+	t.Helper()
+	holdPipe := make(chan struct{})
+	h.mu.Lock()
+	h.holdPipes = holdPipe
+	h.mu.Unlock()
+	release()
+	recv(t, first)
+	h.awaitHeld(t, "pipe")
+	h.mu.Lock()
+	h.holdPipes = nil
+	h.mu.Unlock()
+	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	close(holdPipe)
+}
+
 func TestLoneCallGoesAlone(t *testing.T) {
 	eachServer(t, func(t *testing.T, addr string) {
 		h := newHooks()
@@ -403,20 +424,7 @@ func TestPipelineNoScriptAndErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		first, outs, release := queueBehindHeld(t, r, h, []string{"a", "str", "b"})
-		holdPipe := make(chan struct{})
-		h.mu.Lock()
-		h.holdPipes = holdPipe
-		h.mu.Unlock()
-		release()
-		recv(t, first)
-		h.awaitHeld(t, "pipe")
-		h.mu.Lock()
-		h.holdPipes = nil
-		h.mu.Unlock()
-		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
-		close(holdPipe)
+		flushWhilePiped(t, rdb, h, first, release)
 		for i, want := range []string{"a#1", "", "b#1"} {
 			res := recv(t, outs[i])
 			if want == "" {

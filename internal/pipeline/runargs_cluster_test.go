@@ -16,43 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// nodeHook records, for one node's client of a ClusterClient, every
-// script sent to that node (a MOVED script is sent to two).
-type nodeHook struct {
-	addr string
-	mu   *sync.Mutex
-	sent *[]nodeSent // guarded by mu
-}
-
 // nodeSent is a script sent to a node.
 type nodeSent struct{ addr, key, name string }
-
-func (n nodeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (n nodeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		n.add(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (n nodeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			n.add(cmd)
-		}
-		return next(ctx, cmds)
-	}
-}
-
-func (n nodeHook) add(cmd redis.Cmder) {
-	if !isScript(cmd) || len(cmd.Args()) < 4 {
-		return
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	*n.sent = append(*n.sent, nodeSent{n.addr, fmt.Sprint(cmd.Args()[3]), cmd.Name()})
-}
 
 // TestClusterRoutesByFirstKey guards the claim that a script's command
 // carries the cluster slot of its first key (KEYS[1], the fourth
@@ -142,13 +107,21 @@ func TestClusterRoutesByFirstKey(t *testing.T) {
 	}
 }
 
-// recordNodes sets a ClusterClient's options to add a nodeHook to each
-// node's client, recording in *sent.
+// recordNodes sets a ClusterClient's options to add a hook to each node's
+// client that records, in *sent, every script sent to that node (a MOVED
+// script is sent to two).
 func recordNodes(mu *sync.Mutex, sent *[]nodeSent) func(*redis.ClusterOptions) {
 	return func(o *redis.ClusterOptions) {
 		o.NewClient = func(opt *redis.Options) *redis.Client {
 			rdb := redis.NewClient(opt)
-			rdb.AddHook(nodeHook{addr: opt.Addr, mu: mu, sent: sent})
+			rdb.AddHook(scriptHook(func(cmd redis.Cmder) {
+				if len(cmd.Args()) < 4 {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				*sent = append(*sent, nodeSent{opt.Addr, fmt.Sprint(cmd.Args()[3]), cmd.Name()})
+			}))
 			return rdb
 		}
 	}

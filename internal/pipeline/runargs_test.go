@@ -17,37 +17,42 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// scriptHook is a go-redis hook that hands each script's command sent,
+// alone or in a pipeline, to its function before it goes.
+type scriptHook func(cmd redis.Cmder)
+
+func (f scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isScript(cmd) {
+			f(cmd)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (f scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if isScript(cmd) {
+				f(cmd)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
 // recorder records the scripts' commands that a go-redis client sends, in
 // order: each as a copy of its arguments when sent, and the command itself,
-// whose Args may be read again later.
+// whose Args may be read again later. Its hook is scriptHook(r.add).
 type recorder struct {
 	mu   sync.Mutex
 	sent [][]any       // guarded by mu; each command's arguments, copied when sent
 	cmds []redis.Cmder // guarded by mu; the commands
 }
 
-func (r *recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.add(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (r *recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			r.add(cmd)
-		}
-		return next(ctx, cmds)
-	}
-}
-
 func (r *recorder) add(cmd redis.Cmder) {
-	if !isScript(cmd) {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.sent = append(r.sent, append([]any(nil), cmd.Args()...))
@@ -86,7 +91,7 @@ func TestRunSendsGoRedisCommands(t *testing.T) {
 	eachServer(t, func(t *testing.T, addr string) {
 		rec := &recorder{}
 		rdb := newClient(t, addr, nil)
-		rdb.AddHook(rec)
+		rdb.AddHook(scriptHook(rec.add))
 		ctx := context.Background()
 		keys := []string{"k1", "k2"}
 		args := []any{"a", 7, []byte("b")}
@@ -123,7 +128,7 @@ func TestPipelineSendsGoRedisCommands(t *testing.T) {
 		h := newHooks()
 		rec := &recorder{}
 		rdb := newClient(t, addr, h)
-		rdb.AddHook(rec)
+		rdb.AddHook(scriptHook(rec.add))
 		r := newRunner(t, rdb, 1)
 		r.SetSlow(time.Hour)
 		ctx := context.Background()
@@ -133,20 +138,7 @@ func TestPipelineSendsGoRedisCommands(t *testing.T) {
 		rec.take()
 		keys := []string{"a", "b"}
 		first, outs, release := queueBehindHeld(t, r, h, keys)
-		holdPipe := make(chan struct{})
-		h.mu.Lock()
-		h.holdPipes = holdPipe
-		h.mu.Unlock()
-		release()
-		recv(t, first)
-		h.awaitHeld(t, "pipe")
-		h.mu.Lock()
-		h.holdPipes = nil
-		h.mu.Unlock()
-		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
-		close(holdPipe)
+		flushWhilePiped(t, rdb, h, first, release)
 		for i, out := range outs {
 			if res := recv(t, out); res.err != nil || res.val != keys[i]+"#1" {
 				t.Fatalf("call %s: %q, %v", keys[i], res.val, res.err)
@@ -201,7 +193,7 @@ func TestNoScriptLeavesArgsAnEvalSha(t *testing.T) {
 		t.Run("alone", func(t *testing.T) {
 			rec := &recorder{}
 			rdb := newClient(t, addr, nil)
-			rdb.AddHook(rec)
+			rdb.AddHook(scriptHook(rec.add))
 			r := newRunner(t, rdb, 4)
 			a := incr.Args([]string{"alone"}, "x")
 			if err := rdb.ScriptFlush(ctx).Err(); err != nil {
@@ -219,7 +211,7 @@ func TestNoScriptLeavesArgsAnEvalSha(t *testing.T) {
 			h := newHooks()
 			rec := &recorder{}
 			rdb := newClient(t, addr, h)
-			rdb.AddHook(rec)
+			rdb.AddHook(scriptHook(rec.add))
 			r := newRunner(t, rdb, 1)
 			r.SetSlow(time.Hour)
 			a := incr.Args([]string{"piped"}, "y")
@@ -236,20 +228,7 @@ func TestNoScriptLeavesArgsAnEvalSha(t *testing.T) {
 				}
 				time.Sleep(time.Millisecond)
 			}
-			holdPipe := make(chan struct{})
-			h.mu.Lock()
-			h.holdPipes = holdPipe
-			h.mu.Unlock()
-			release()
-			recv(t, first)
-			h.awaitHeld(t, "pipe")
-			h.mu.Lock()
-			h.holdPipes = nil
-			h.mu.Unlock()
-			if err := rdb.ScriptFlush(ctx).Err(); err != nil {
-				t.Fatal(err)
-			}
-			close(holdPipe)
+			flushWhilePiped(t, rdb, h, first, release)
 			recv(t, outs[0])
 			if res := recv(t, out); res.err != nil || res.val != "y#1" {
 				t.Fatalf("the pipelined call: %q, %v", res.val, res.err)

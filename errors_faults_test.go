@@ -36,11 +36,7 @@ func TestUnavailable(t *testing.T) {
 					return live{b.Idem(t, idem.WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})))), logs}
 				}
 				if warm { // the first subtest took b down
-					if b.MR != nil {
-						b = idemtest.Miniredis(t)
-					} else {
-						b = idemtest.Redis(t, redistest.Config{})
-					}
+					b = b.Another(t, redistest.Config{})
 				}
 				var l live
 				if !warm {

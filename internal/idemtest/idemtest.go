@@ -63,7 +63,7 @@ func OnServer(srv *redistest.Server) *Backend {
 // redis-server, then holds the freed port (redistest.HoldPort) so that
 // no other test's server answers there while this test runs. It reports
 // false when another process took the port first, in the moment between:
-// the caller then tries again with a new backend (see Downed), for a
+// the caller then tries again with a new backend (see UntilHeld), for a
 // client of b could be talking to that process's server.
 func (b *Backend) Down(t testing.TB) bool {
 	t.Helper()
@@ -75,30 +75,43 @@ func (b *Backend) Down(t testing.TB) bool {
 	return redistest.HoldPort(t, b.Addr)
 }
 
-// Downed calls up with a new backend of b's kind (miniredis, or a
-// redis-server started with cfg) until a Down after it holds the port, up
-// to three times, and returns what up returned for the backend that is
-// down. up makes what the test needs on the live backend (a Client,
-// calls that warm its pool).
-func Downed[T any](t *testing.T, b *Backend, cfg redistest.Config, up func(*Backend) T) T {
+// Another returns a new backend of b's kind: miniredis, or a
+// redis-server started with cfg.
+func (b *Backend) Another(t *testing.T, cfg redistest.Config) *Backend {
 	t.Helper()
-	for try := 0; ; try++ {
-		if try > 0 {
-			if b.MR != nil {
-				b = Miniredis(t)
-			} else {
-				b = Redis(t, cfg)
-			}
-		}
-		v := up(b)
-		if b.Down(t) {
-			return v
-		}
+	if b.MR != nil {
+		return Miniredis(t)
+	}
+	return Redis(t, cfg)
+}
+
+// UntilHeld runs f on b, and while f reports that the backend's Down
+// did not hold its port (another process took it in the moment between),
+// on another backend of its kind (Another), up to three runs in all.
+func UntilHeld(t *testing.T, b *Backend, cfg redistest.Config, f func(b *Backend) (held bool)) {
+	t.Helper()
+	for try := 0; !f(b); try++ {
 		if try == 2 {
 			t.Fatalf("idemtest: three ports freed by a backend going down were taken by other processes at once")
 		}
 		t.Logf("idemtest: %s's port %s was taken as it went down: again with a new one", b.Name, b.Addr)
+		b = b.Another(t, cfg)
 	}
+}
+
+// Downed calls up on b, then takes b down (Down); where the port was
+// taken in between, it does so again on another backend (UntilHeld). It
+// returns what up returned for the backend that is down. up makes what
+// the test needs on the live backend (a Client, calls that warm its
+// pool).
+func Downed[T any](t *testing.T, b *Backend, cfg redistest.Config, up func(*Backend) T) T {
+	t.Helper()
+	var v T
+	UntilHeld(t, b, cfg, func(b *Backend) bool {
+		v = up(b)
+		return b.Down(t)
+	})
+	return v
 }
 
 // Client returns a new go-redis client (its own connection pool, as another

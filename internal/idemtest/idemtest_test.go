@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/idemtest"
+	"github.com/idem-go/idem/internal/redistest"
 	"go.uber.org/goleak"
 )
 
@@ -156,5 +157,20 @@ func TestRunInChild(t *testing.T) {
 	}
 	if os.Getenv("IDEMTEST_IN_CHILD") != t.Name() {
 		t.Fatal("the body ran in the parent process")
+	}
+}
+
+// UntilHeld runs its function again on another backend of the same kind
+// while the function reports that Down did not hold the port, and stops
+// at the first that did.
+func TestUntilHeld(t *testing.T) {
+	first := idemtest.Miniredis(t)
+	var seen []*idemtest.Backend
+	idemtest.UntilHeld(t, first, redistest.Config{}, func(b *idemtest.Backend) bool {
+		seen = append(seen, b)
+		return len(seen) == 2
+	})
+	if len(seen) != 2 || seen[0] != first || seen[1] == first || seen[1].MR == nil {
+		t.Fatalf("ran on %v, want the first backend, then another miniredis", seen)
 	}
 }

@@ -3,6 +3,8 @@
 package redistest
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"syscall"
@@ -17,14 +19,11 @@ import (
 // then talks to.)
 func RefusedAddr(tb testing.TB) string {
 	tb.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	fd, err := bindSocket([4]byte{127, 0, 0, 1}, 0, false)
 	if err != nil {
-		tb.Fatalf("redistest: socket: %v", err)
+		tb.Fatalf("redistest: %v", err)
 	}
 	tb.Cleanup(func() { _ = syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		tb.Fatalf("redistest: bind: %v", err)
-	}
 	sa, err := syscall.Getsockname(fd)
 	if err != nil {
 		tb.Fatalf("redistest: getsockname: %v", err)
@@ -34,6 +33,43 @@ func RefusedAddr(tb testing.TB) string {
 		tb.Fatalf("redistest: getsockname gave %T", sa)
 	}
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(in4.Port))
+}
+
+// bindSocket returns a new TCP socket bound to ip and port (0: a port the
+// kernel hands out), with SO_REUSEADDR when reuse, that never listens; on
+// an error (Bind's as it is, to be matched with errors.Is) the socket is
+// closed.
+func bindSocket(ip [4]byte, port int, reuse bool) (int, error) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		return -1, fmt.Errorf("socket: %w", err)
+	}
+	if reuse {
+		if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+			_ = syscall.Close(fd)
+			return -1, fmt.Errorf("SO_REUSEADDR: %w", err)
+		}
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: ip, Port: port}); err != nil {
+		_ = syscall.Close(fd)
+		return -1, fmt.Errorf("bind: %w", err)
+	}
+	return fd, nil
+}
+
+// ipv4Port splits addr, an IPv4 address with its port.
+func ipv4Port(addr string) (ip [4]byte, port int, err error) {
+	host, portText, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ip, 0, err
+	}
+	port, err = strconv.Atoi(portText)
+	ip4 := net.ParseIP(host).To4()
+	if err != nil || ip4 == nil {
+		return ip, 0, fmt.Errorf("%q is not an IPv4 address with a port", addr)
+	}
+	copy(ip[:], ip4)
+	return ip, port, nil
 }
 
 // HoldPort keeps addr's port, once its server is gone, from the ports
@@ -48,31 +84,19 @@ func RefusedAddr(tb testing.TB) string {
 // it. addr is a loopback IPv4 address with its port.
 func HoldPort(tb testing.TB, addr string) bool {
 	tb.Helper()
-	host, portText, err := net.SplitHostPort(addr)
+	ip, port, err := ipv4Port(addr)
 	if err != nil {
-		tb.Fatalf("redistest: HoldPort(%q): %v", addr, err)
-	}
-	port, err := strconv.Atoi(portText)
-	ip := net.ParseIP(host).To4()
-	if err != nil || ip == nil {
-		tb.Fatalf("redistest: HoldPort(%q): not an IPv4 address with a port", addr)
-	}
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		tb.Fatalf("redistest: socket: %v", err)
+		tb.Fatalf("redistest: HoldPort: %v", err)
 	}
 	// The closed server's side of its connections is in TIME_WAIT on
 	// the port: SO_REUSEADDR binds beside them, as a server restarted
 	// there would. It binds beside no listening socket.
-	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
-		_ = syscall.Close(fd)
-		tb.Fatalf("redistest: SO_REUSEADDR: %v", err)
-	}
-	sa := &syscall.SockaddrInet4{Port: port}
-	copy(sa.Addr[:], ip)
-	if err := syscall.Bind(fd, sa); err != nil {
-		_ = syscall.Close(fd)
+	fd, err := bindSocket(ip, port, true)
+	if errors.Is(err, syscall.EADDRINUSE) {
 		return false
+	}
+	if err != nil {
+		tb.Fatalf("redistest: HoldPort(%s): %v", addr, err)
 	}
 	tb.Cleanup(func() { _ = syscall.Close(fd) })
 	return true
